@@ -1,0 +1,1 @@
+"""The application database: tables, engine, Alembic migrations and the shared lease/claim helpers."""

@@ -1,0 +1,98 @@
+"""Engines for the application database: URL normalisation, SQLite set-up, one engine per URL.
+
+The driver is chosen here, once: PostgreSQL URLs always use psycopg2 (SQLAlchemy 2.1 would
+map a bare ``postgresql://`` to psycopg 3, which is not installed), so a user can paste the
+URL their provider shows them.
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+class DatabaseUnavailable(RuntimeError):
+    """The database URL is malformed or the server cannot be reached; the message names the fix."""
+
+
+def normalize_url(url: str) -> URL:
+    """Parse a user-given URL and pin the driver we ship (psycopg2 for PostgreSQL)."""
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError:
+        raise DatabaseUnavailable(
+            f"MARKETING_DATABASE_URL {url!r} is not a database URL; "
+            "expected e.g. sqlite:///path/to/file.db or postgresql://user@host:5432/db"
+        ) from None
+    backend = parsed.get_backend_name()
+    if backend in ("postgres", "postgresql"):
+        return parsed.set(drivername="postgresql+psycopg2")
+    if backend == "sqlite":
+        return parsed.set(drivername="sqlite+pysqlite")
+    raise DatabaseUnavailable(f"unsupported database {backend!r} in MARKETING_DATABASE_URL; use sqlite or postgresql")
+
+
+def _configure_sqlite(engine: sa.Engine) -> None:
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: Any) -> None:
+        # Take transaction control away from pysqlite so BEGIN IMMEDIATE below is what runs.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        # WAL lets readers run beside the one writer; busy_timeout makes a second process
+        # wait for the write lock instead of failing with "database is locked".
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: sa.Connection) -> None:
+        # IMMEDIATE takes the write lock at BEGIN. A deferred transaction that reads and then
+        # writes can fail with SQLITE_BUSY_SNAPSHOT without waiting when another process wrote
+        # in between; taking the lock first makes every transaction wait its turn instead.
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+@functools.cache
+def get_engine(url: str) -> sa.Engine:
+    """One engine (and pool) per URL per process; sensors tick many times in one code server."""
+    normalized = normalize_url(url)
+    if normalized.get_backend_name() == "sqlite":
+        database = normalized.database
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(normalized, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        _configure_sqlite(engine)
+        return engine
+    return sa.create_engine(
+        normalized,
+        pool_pre_ping=True,
+        pool_size=5,
+        max_overflow=5,
+        connect_args={"connect_timeout": 10, "application_name": "marketing-pipelines"},
+    )
+
+
+def check_connection(engine: sa.Engine) -> None:
+    """Raise DatabaseUnavailable with one clear line when the database cannot be reached."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except sa.exc.OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        where = engine.url.render_as_string(hide_password=True)
+        raise DatabaseUnavailable(
+            f"cannot connect to {where}: {reason}. Check MARKETING_DATABASE_URL and that the server is running."
+        ) from None
+
+
+def is_postgres(conn_or_engine: sa.Connection | sa.Engine) -> bool:
+    return conn_or_engine.dialect.name == "postgresql"

@@ -1,0 +1,338 @@
+"""The lease/claim protocol both work queues share (executions and agent runs).
+
+A row moves READY -> RUNNING only through ``claim_batch``: one statement per batch that the
+database itself makes exclusive (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, the single-writer
+conditional ``UPDATE ... WHERE status = <ready>`` on SQLite). There is no in-process lock, so
+any number of sensors on any number of machines can claim at once and each row goes to one.
+
+Every later change to a claimed row names the state it expects *and* the lease owner in its
+``WHERE`` (fencing): a worker whose lease expired and was reclaimed matches no row, so it can
+neither complete, fail nor renew what another attempt now owns. Callers check the returned
+row/boolean and say so in their logs.
+
+Time comes from the database clock on PostgreSQL (replicas' clocks may drift) and from this
+process's clock on SQLite (one machine, one clock).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from marketing_pipelines.db.types import UTCDateTime
+
+RUNNING = "RUNNING"
+FAILED = "FAILED"
+CANCELLED = "CANCELLED"
+
+LEASE_EXPIRED_ERROR = "lease expired: the worker stopped renewing it (crashed, killed, or its run never started)"
+
+
+@dataclass(frozen=True)
+class LeaseQueue:
+    """Which table and columns make up one work queue."""
+
+    table: sa.Table
+    ready_status: str  # the status a claimable row has: SCHEDULED / QUEUED
+    due_column: str  # claim order, and "not before" for rows that carry a due time
+    error_column: str
+    # Executions back off by moving due_at into the future; agent runs keep their queue place.
+    retry_moves_due: bool
+    started_column: str | None = None
+
+    def col(self, name: str) -> sa.Column[Any]:
+        return self.table.c[name]
+
+
+@dataclass(frozen=True)
+class Recovery:
+    requeued: tuple[int, ...]
+    failed: tuple[int, ...]
+
+
+def now_expr(conn: sa.Connection, offset_s: float = 0.0) -> sa.ColumnElement[datetime]:
+    """The current time (plus an offset) as the database should see it in a statement."""
+    if conn.dialect.name == "postgresql":
+        expr: sa.ColumnElement[datetime] = sa.func.now()
+        if offset_s:
+            expr = expr + sa.literal(timedelta(seconds=offset_s), sa.Interval())
+        return expr
+    return sa.bindparam(None, datetime.now(UTC) + timedelta(seconds=offset_s), type_=UTCDateTime())
+
+
+def claim_batch(
+    conn: sa.Connection, queue: LeaseQueue, owner: str, limit: int, lease_seconds: float
+) -> list[sa.RowMapping]:
+    """Claim up to ``limit`` due rows for ``owner`` in one statement; returns the claimed rows."""
+    if limit < 1:
+        raise ValueError(f"claim limit must be >= 1, got {limit}")
+    t = queue.table
+    due = queue.col(queue.due_column)
+    now = now_expr(conn)
+    candidates = (
+        sa.select(t.c.id).where(t.c.status == queue.ready_status, due <= now).order_by(due, t.c.id).limit(limit)
+    )
+    values: dict[str, Any] = {
+        "status": RUNNING,
+        "lease_owner": owner,
+        "lease_expires_at": now_expr(conn, lease_seconds),
+        "attempts": t.c.attempts + 1,
+        "updated_at": now,
+        "run_id": None,
+    }
+    if queue.started_column:
+        values[queue.started_column] = now
+    if conn.dialect.name == "postgresql":
+        # MATERIALIZED pins the LIMIT: as a plain IN (subquery) the planner may re-run the
+        # subquery (e.g. as a semi-join) and update more rows than asked. SKIP LOCKED lets a
+        # concurrent claimer take the next rows instead of waiting on ours.
+        picked = candidates.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
+        stmt = sa.update(t).where(t.c.id == picked.c.id).values(values).returning(*t.c)
+    else:
+        # SQLite has one writer at a time (BEGIN IMMEDIATE), and the status guard makes the
+        # update conditional: a row some other claimer took is simply not matched.
+        stmt = (
+            sa.update(t)
+            .where(t.c.id.in_(candidates.scalar_subquery()), t.c.status == queue.ready_status)
+            .values(values)
+            .returning(*t.c)
+        )
+    rows = list(conn.execute(stmt).mappings())
+    if len(rows) > limit:  # would mean the statement above is wrong; never paper over it
+        raise AssertionError(f"claim returned {len(rows)} rows for a limit of {limit}")
+    rows.sort(key=lambda row: (row[queue.due_column], row["id"]))
+    return rows
+
+
+def take_over(
+    conn: sa.Connection,
+    queue: LeaseQueue,
+    row_id: int,
+    *,
+    claimed_by: str,
+    new_owner: str,
+    lease_seconds: float,
+    run_id: str | None,
+) -> sa.RowMapping | None:
+    """Move a claimed row's lease from the sensor's claim to the run that works it.
+
+    Accepts ``new_owner`` too, so a retried step of the same run takes its own row back.
+    Returns the row, or None when the row is not RUNNING under either owner any more.
+    """
+    t = queue.table
+    stmt = (
+        sa.update(t)
+        .where(t.c.id == row_id, t.c.status == RUNNING, t.c.lease_owner.in_([claimed_by, new_owner]))
+        .values(
+            lease_owner=new_owner,
+            lease_expires_at=now_expr(conn, lease_seconds),
+            run_id=run_id,
+            updated_at=now_expr(conn),
+        )
+        .returning(*t.c)
+    )
+    return conn.execute(stmt).mappings().one_or_none()
+
+
+def renew(conn: sa.Connection, queue: LeaseQueue, row_id: int, owner: str, lease_seconds: float) -> bool:
+    """Extend the lease; False means the lease was lost and the caller must stop writing."""
+    t = queue.table
+    stmt = (
+        sa.update(t)
+        .where(t.c.id == row_id, t.c.status == RUNNING, t.c.lease_owner == owner)
+        .values(lease_expires_at=now_expr(conn, lease_seconds), updated_at=now_expr(conn))
+    )
+    return conn.execute(stmt).rowcount == 1
+
+
+def _owned_by(queue: LeaseQueue, owner: str | Sequence[str]) -> sa.ColumnElement[bool]:
+    owners = [owner] if isinstance(owner, str) else list(owner)
+    return queue.col("lease_owner").in_(owners)
+
+
+def finish(
+    conn: sa.Connection,
+    queue: LeaseQueue,
+    row_id: int,
+    owner: str | Sequence[str],
+    status: str,
+    values: Mapping[str, Any] | None = None,
+) -> bool:
+    """Record a final status for a row this owner still holds; False when the lease was lost."""
+    t = queue.table
+    stmt = (
+        sa.update(t)
+        .where(t.c.id == row_id, t.c.status == RUNNING, _owned_by(queue, owner))
+        .values(
+            status=status,
+            lease_owner=None,
+            lease_expires_at=None,
+            finished_at=now_expr(conn),
+            updated_at=now_expr(conn),
+            **dict(values or {}),
+        )
+    )
+    return conn.execute(stmt).rowcount == 1
+
+
+def retry_or_fail(
+    conn: sa.Connection,
+    queue: LeaseQueue,
+    row_id: int,
+    owner: str | Sequence[str],
+    error: str,
+    retry_delay_s: float,
+    run_id: str | None = None,
+) -> str | None:
+    """After a failed attempt: back to the queue, or FAILED once attempts reach max_attempts.
+
+    One fenced statement decides and writes, so two reporters of the same failure (the run
+    itself and the run-failure sensor) cannot both act. Returns the new status, or None when
+    the row was not held by ``owner`` (and ``run_id``, when given).
+    """
+    t = queue.table
+    exhausted = t.c.attempts >= t.c.max_attempts
+    values: dict[str, Any] = {
+        "status": sa.case((exhausted, FAILED), else_=queue.ready_status),
+        "finished_at": sa.case((exhausted, now_expr(conn)), else_=None),
+        queue.error_column: error,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "updated_at": now_expr(conn),
+    }
+    if queue.retry_moves_due:
+        values[queue.due_column] = sa.case(
+            (exhausted, queue.col(queue.due_column)), else_=now_expr(conn, retry_delay_s)
+        )
+    conditions = [t.c.id == row_id, t.c.status == RUNNING, _owned_by(queue, owner)]
+    if run_id is not None:
+        conditions.append(sa.or_(t.c.run_id == run_id, t.c.run_id.is_(None)))
+    stmt = sa.update(t).where(*conditions).values(values).returning(t.c.status)
+    return conn.execute(stmt).scalar_one_or_none()
+
+
+def recover_expired(conn: sa.Connection, queue: LeaseQueue, limit: int = 1000) -> Recovery:
+    """Return RUNNING rows whose lease ran out to the queue, or FAIL them at max_attempts.
+
+    Safe to run from every replica at once: each row is updated by whichever statement locks
+    it first, and the other re-checks ``status``/``lease_expires_at`` and skips it.
+    """
+    t = queue.table
+    now = now_expr(conn)
+    exhausted = t.c.attempts >= t.c.max_attempts
+    expired = (
+        sa.select(t.c.id)
+        .where(t.c.status == RUNNING, t.c.lease_expires_at < now)
+        .order_by(t.c.lease_expires_at)
+        .limit(limit)
+    )
+    if conn.dialect.name == "postgresql":
+        picked = expired.with_for_update(skip_locked=True).cte("expired").prefix_with("MATERIALIZED")
+        where = [t.c.id == picked.c.id]
+    else:
+        where = [t.c.id.in_(expired.scalar_subquery())]
+    where += [t.c.status == RUNNING, t.c.lease_expires_at < now]
+    stmt = (
+        sa.update(t)
+        .where(*where)
+        .values(
+            {
+                "status": sa.case((exhausted, FAILED), else_=queue.ready_status),
+                "finished_at": sa.case((exhausted, now), else_=None),
+                queue.error_column: sa.case(
+                    (exhausted, f"gave up after the last attempt; {LEASE_EXPIRED_ERROR}"), else_=LEASE_EXPIRED_ERROR
+                ),
+                "lease_owner": None,
+                "lease_expires_at": None,
+                "updated_at": now,
+            }
+        )
+        .returning(t.c.id, t.c.status)
+    )
+    rows = conn.execute(stmt).all()
+    return Recovery(
+        requeued=tuple(sorted(r.id for r in rows if r.status != FAILED)),
+        failed=tuple(sorted(r.id for r in rows if r.status == FAILED)),
+    )
+
+
+def cancel(conn: sa.Connection, queue: LeaseQueue, row_id: int, reason: str) -> sa.Row[Any] | None:
+    """Cancel a waiting or running row. Returns (previous status, run_id), or None if already final."""
+    t = queue.table
+    before = (
+        sa.select(t.c.status, t.c.run_id)
+        .where(t.c.id == row_id, t.c.status.in_([queue.ready_status, RUNNING]))
+        .with_for_update()
+    )
+    row = conn.execute(before).one_or_none()
+    if row is None:
+        return None
+    stmt = (
+        sa.update(t)
+        .where(t.c.id == row_id, t.c.status == row.status)
+        .values(
+            {
+                "status": CANCELLED,
+                queue.error_column: reason,
+                "lease_owner": None,
+                "lease_expires_at": None,
+                "finished_at": now_expr(conn),
+                "updated_at": now_expr(conn),
+            }
+        )
+    )
+    return row if conn.execute(stmt).rowcount == 1 else None
+
+
+class LeaseKeeper:
+    """Renews a lease from a background thread while the work runs.
+
+    ``lost`` is set as soon as a renewal matches no row (the lease expired and another
+    attempt took the row); the worker checks it and must not record an outcome.
+    """
+
+    def __init__(
+        self,
+        engine: sa.Engine,
+        queue: LeaseQueue,
+        row_id: int,
+        owner: str,
+        lease_seconds: float,
+        on_lost: Callable[[str], None] | None = None,
+    ) -> None:
+        self._engine, self._queue, self._row_id, self._owner = engine, queue, row_id, owner
+        self._lease_seconds = lease_seconds
+        self._on_lost = on_lost
+        self._stop = threading.Event()
+        self.lost = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{queue.table.name}-{row_id}", daemon=True)
+
+    def _run(self) -> None:
+        # Renew at a third of the lease so two missed renewals still leave time for a third.
+        interval = max(0.5, self._lease_seconds / 3)
+        while not self._stop.wait(interval):
+            try:
+                with self._engine.begin() as conn:
+                    still_ours = renew(conn, self._queue, self._row_id, self._owner, self._lease_seconds)
+            except sa.exc.SQLAlchemyError:
+                continue  # a passing database error; the next renewal may succeed within the lease
+            if not still_ours:
+                self.lost.set()
+                if self._on_lost:
+                    self._on_lost(
+                        f"{self._queue.table.name} {self._row_id}: lease lost (no longer RUNNING under {self._owner})"
+                    )
+                return
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)

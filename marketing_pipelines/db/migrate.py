@@ -1,0 +1,76 @@
+"""Alembic migrations, applied programmatically (``marketing-pipelines db upgrade``).
+
+Every command that needs the schema calls ``ensure_schema_current`` first, so a missing or
+outdated schema is one clear line that names the fix rather than a "no such table" trace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from marketing_pipelines.db.engine import check_connection
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+# URLs whose schema was found current in this process; a schema never moves backwards under a
+# running process, so sensors ticking every few seconds need not ask Alembic each time.
+_VERIFIED: set[str] = set()
+
+
+class SchemaNotReady(RuntimeError):
+    """The application database has no schema, or an older one than this code needs."""
+
+
+def alembic_config() -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, "no migrations found"
+    return head
+
+
+def current_revision(engine: sa.Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: sa.Engine, revision: str = "head") -> None:
+    check_connection(engine)
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)
+
+
+def ensure_schema_current(engine: sa.Engine) -> None:
+    key = engine.url.render_as_string(hide_password=False)
+    if key in _VERIFIED:
+        return
+    check_connection(engine)
+    current, head = current_revision(engine), head_revision()
+    if current == head:
+        _VERIFIED.add(key)
+        return
+    where = engine.url.render_as_string(hide_password=True)
+    if current is None:
+        raise SchemaNotReady(f"the database at {where} has no schema yet: run `marketing-pipelines db upgrade`")
+    known = {rev.revision for rev in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+    if current not in known:
+        raise SchemaNotReady(
+            f"the database at {where} is at revision {current}, newer than this code knows (head {head}): "
+            "upgrade marketing-pipelines"
+        )
+    raise SchemaNotReady(
+        f"the database at {where} is at revision {current}, behind {head}: run `marketing-pipelines db upgrade`"
+    )

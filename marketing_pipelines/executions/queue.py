@@ -1,0 +1,129 @@
+"""The execution queue: scheduling, listing, and its LeaseQueue description."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from marketing_pipelines.db.campaigns import InvalidInput, require_campaign
+from marketing_pipelines.db.lease import LeaseQueue
+from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution
+from marketing_pipelines.executions.actions import InvalidPayload, get_action
+
+EXECUTIONS = LeaseQueue(
+    table=marketing_execution,
+    ready_status="SCHEDULED",
+    due_column="due_at",
+    error_column="last_error",
+    retry_moves_due=True,
+)
+MAX_PAYLOAD_BYTES = 64 * 1024
+STAGE_MAX = 64
+
+
+def parse_due(value: str) -> datetime:
+    """Parse ``now`` or an ISO-8601 time; a time without an offset is refused, not guessed."""
+    if value.strip().lower() == "now":
+        return datetime.now(UTC)
+    try:
+        parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(f"due time {value!r} is not ISO-8601 (e.g. 2026-12-01T09:00:00+00:00) or 'now'") from None
+    if parsed.tzinfo is None:
+        raise InvalidInput(f"due time {value!r} has no UTC offset; add one, e.g. {value}+00:00")
+    return parsed.astimezone(UTC)
+
+
+def parse_payload(value: str | None) -> dict[str, Any]:
+    if value is None or value.strip() == "":
+        return {}
+    try:
+        payload = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"payload is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(payload, dict):
+        raise InvalidInput(f"payload must be a JSON object, got {type(payload).__name__}")
+    return payload
+
+
+def schedule_execution(
+    conn: sa.Connection,
+    *,
+    campaign_id: str,
+    stage: str,
+    action: str,
+    due_at: datetime,
+    payload: Mapping[str, Any] | None = None,
+    max_attempts: int = 3,
+    dedupe_key: str | None = None,
+) -> int:
+    """Validate and insert one SCHEDULED execution; returns its id.
+
+    With ``dedupe_key``, scheduling the same key again returns the existing id instead of a
+    second row, so a caller that retries its request cannot double-schedule.
+    """
+    payload = dict(payload or {})
+    require_campaign(conn, campaign_id)
+    if not stage or len(stage) > STAGE_MAX:
+        raise InvalidInput(f"stage {stage!r} must be 1-{STAGE_MAX} characters")
+    if max_attempts < 1:
+        raise InvalidInput(f"max_attempts must be >= 1, got {max_attempts}")
+    if due_at.tzinfo is None:
+        raise InvalidInput("due_at must be timezone-aware")
+    try:
+        get_action(action).validate(payload)
+    except InvalidPayload as exc:
+        raise InvalidInput(str(exc)) from None
+    if len(json.dumps(payload)) > MAX_PAYLOAD_BYTES:
+        raise InvalidInput(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes")
+    t = marketing_execution
+    if dedupe_key is not None:
+        existing = conn.execute(sa.select(t.c.id).where(t.c.dedupe_key == dedupe_key)).scalar_one_or_none()
+        if existing is not None:
+            return existing
+    now = datetime.now(UTC)
+    return conn.execute(
+        sa.insert(t)
+        .values(
+            campaign_id=campaign_id,
+            stage=stage,
+            action=action,
+            payload=payload,
+            due_at=due_at,
+            status="SCHEDULED",
+            attempts=0,
+            max_attempts=max_attempts,
+            dedupe_key=dedupe_key,
+            created_at=now,
+            updated_at=now,
+        )
+        .returning(t.c.id)
+    ).scalar_one()
+
+
+def list_executions(
+    conn: sa.Connection, status: str | None = None, campaign_id: str | None = None, limit: int = 200
+) -> list[sa.RowMapping]:
+    t = marketing_execution
+    query = sa.select(t).order_by(t.c.due_at, t.c.id).limit(limit)
+    if status is not None:
+        if status not in EXECUTION_STATUSES:
+            raise InvalidInput(f"status {status!r} is not one of {', '.join(EXECUTION_STATUSES)}")
+        query = query.where(t.c.status == status)
+    if campaign_id is not None:
+        query = query.where(t.c.campaign_id == campaign_id)
+    return list(conn.execute(query).mappings())
+
+
+def get_execution(conn: sa.Connection, execution_id: int) -> sa.RowMapping | None:
+    t = marketing_execution
+    return conn.execute(sa.select(t).where(t.c.id == execution_id)).mappings().one_or_none()
+
+
+def status_counts(conn: sa.Connection) -> dict[str, int]:
+    t = marketing_execution
+    return dict(conn.execute(sa.select(t.c.status, sa.func.count()).group_by(t.c.status)).tuples().all())

@@ -1,0 +1,541 @@
+"""Tests for the model providers: wire formats against MockTransport, retries, errors, and the offline model's rules."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from marketing_pipelines.agents.providers import (
+    PROVIDER_NAMES,
+    AnthropicModel,
+    ModelProvider,
+    ModelTurn,
+    OfflineModel,
+    OpenAIModel,
+    ToolCall,
+    ToolSpec,
+)
+from marketing_pipelines.http import RateLimited, ServiceError
+
+SYSTEM = "You run marketing campaigns."
+
+COUNT_SIGNUPS = ToolSpec(
+    name="count_signups",
+    description="Count signups for a campaign.",
+    input_schema={
+        "type": "object",
+        "properties": {"campaign_id": {"type": "integer"}, "since": {"type": "string"}},
+        "required": ["campaign_id"],
+    },
+)
+SEND_EMAIL = ToolSpec(
+    name="send_email",
+    description="Send an email to a segment.",
+    input_schema={
+        "type": "object",
+        "properties": {"segment": {"type": "string"}, "subject": {"type": "string"}},
+        "required": ["segment", "subject"],
+    },
+)
+PUBLISH_POST = ToolSpec(
+    name="publish_post",
+    description="Publish a post.",
+    input_schema={"type": "object", "properties": {"channel": {"type": "string"}}, "required": ["channel"]},
+)
+
+# A conversation after one assistant turn that called two tools, one of which was refused.
+CONVERSATION_WITH_TOOL_RESULTS: list[dict] = [
+    {"role": "user", "content": "How many signups did campaign 7 get?"},
+    {
+        "role": "assistant",
+        "content": "Let me check.",
+        "tool_calls": [
+            {"id": "toolu_01", "name": "count_signups", "arguments": {"campaign_id": 7}},
+            {"id": "toolu_02", "name": "send_email", "arguments": {"segment": "all", "subject": "Hi"}},
+        ],
+    },
+    {"role": "tool", "tool_call_id": "toolu_01", "name": "count_signups", "content": "42", "is_error": False},
+    {"role": "tool", "tool_call_id": "toolu_02", "name": "send_email", "content": "not permitted", "is_error": True},
+]
+
+
+class Script:
+    """Answers requests with canned responses in order and records what the provider sent and slept."""
+
+    def __init__(self, *responses: httpx.Response) -> None:
+        self.responses = list(responses)
+        self.requests: list[httpx.Request] = []
+        self.sleeps: list[float] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return self.responses.pop(0)
+
+    def body(self, index: int = 0) -> dict:
+        return json.loads(self.requests[index].content)
+
+
+def scripted_anthropic(script: Script, **fields: object) -> AnthropicModel:
+    class ScriptedAnthropic(AnthropicModel):
+        def _client(self) -> httpx.Client:
+            return httpx.Client(transport=httpx.MockTransport(script.handle))
+
+        def _sleep(self, seconds: float) -> None:
+            script.sleeps.append(seconds)
+
+    return ScriptedAnthropic(api_key="sk-ant-test", **fields)
+
+
+def scripted_openai(script: Script, **fields: object) -> OpenAIModel:
+    class ScriptedOpenAI(OpenAIModel):
+        def _client(self) -> httpx.Client:
+            return httpx.Client(transport=httpx.MockTransport(script.handle))
+
+        def _sleep(self, seconds: float) -> None:
+            script.sleeps.append(seconds)
+
+    return ScriptedOpenAI(api_key="sk-openai-test", **fields)
+
+
+def anthropic_message(content: list[dict], stop_reason: str = "end_turn") -> dict:
+    return {
+        "id": "msg_01XFDUDYJgAACzvnptvVoYEL",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 120, "output_tokens": 35, "cache_read_input_tokens": 0},
+    }
+
+
+def openai_completion(message: dict, finish_reason: str = "stop") -> dict:
+    return {
+        "id": "chatcmpl-abc123",
+        "object": "chat.completion",
+        "created": 1735689600,
+        "model": "gpt-4o-mini-2024-07-18",
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": 80, "completion_tokens": 12, "total_tokens": 92},
+    }
+
+
+ANTHROPIC_TEXT = anthropic_message([{"type": "text", "text": "Campaign 7 got 42 signups."}])
+OPENAI_TEXT = openai_completion({"role": "assistant", "content": "Campaign 7 got 42 signups.", "refusal": None})
+
+ProviderFactory = Callable[[Script], AnthropicModel | OpenAIModel]
+
+# (factory, a successful payload, the env var its 401 must name, a 400 body in that API's shape)
+PROVIDERS = [
+    pytest.param(
+        scripted_anthropic,
+        ANTHROPIC_TEXT,
+        "ANTHROPIC_API_KEY",
+        {"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: must be positive"}},
+        id="anthropic",
+    ),
+    pytest.param(
+        scripted_openai,
+        OPENAI_TEXT,
+        "OPENAI_API_KEY",
+        {"error": {"message": "max_tokens: must be positive", "type": "invalid_request_error", "param": None}},
+        id="openai",
+    ),
+]
+
+
+def complete_once(provider: AnthropicModel | OpenAIModel) -> ModelTurn:
+    return provider.complete(SYSTEM, [{"role": "user", "content": "hello"}], [COUNT_SIGNUPS])
+
+
+def test_every_provider_satisfies_the_protocol_and_is_named() -> None:
+    providers = [OfflineModel(), AnthropicModel(api_key="k"), OpenAIModel(api_key="k")]
+    assert all(isinstance(provider, ModelProvider) for provider in providers)
+    assert tuple(provider.name for provider in providers) == PROVIDER_NAMES
+
+
+# --- Anthropic wire format ---------------------------------------------------------------------
+
+
+def test_anthropic_sends_tool_history_as_content_blocks() -> None:
+    script = Script(httpx.Response(200, json=ANTHROPIC_TEXT))
+    scripted_anthropic(script).complete(SYSTEM, CONVERSATION_WITH_TOOL_RESULTS, [COUNT_SIGNUPS, SEND_EMAIL])
+
+    request = script.requests[0]
+    assert request.method == "POST"
+    assert str(request.url) == "https://api.anthropic.com/v1/messages"
+    assert request.headers["x-api-key"] == "sk-ant-test"
+    assert request.headers["anthropic-version"] == "2023-06-01"
+    assert request.headers["content-type"] == "application/json"
+    assert script.body() == {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 1024,
+        "system": SYSTEM,
+        "messages": [
+            {"role": "user", "content": "How many signups did campaign 7 get?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Let me check."},
+                    {"type": "tool_use", "id": "toolu_01", "name": "count_signups", "input": {"campaign_id": 7}},
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_02",
+                        "name": "send_email",
+                        "input": {"segment": "all", "subject": "Hi"},
+                    },
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_01", "content": "42", "is_error": False},
+                    {"type": "tool_result", "tool_use_id": "toolu_02", "content": "not permitted", "is_error": True},
+                ],
+            },
+        ],
+        "tools": [
+            {"name": spec.name, "description": spec.description, "input_schema": spec.input_schema}
+            for spec in (COUNT_SIGNUPS, SEND_EMAIL)
+        ],
+    }
+
+
+def test_anthropic_keeps_roles_alternating_when_user_text_follows_tool_results() -> None:
+    script = Script(httpx.Response(200, json=ANTHROPIC_TEXT))
+    nudge = {"role": "user", "content": "Keep it short."}
+    scripted_anthropic(script).complete(SYSTEM, [*CONVERSATION_WITH_TOOL_RESULTS, nudge], [])
+
+    sent = script.body()
+    assert [message["role"] for message in sent["messages"]] == ["user", "assistant", "user"]
+    assert sent["messages"][-1]["content"][-1] == {"type": "text", "text": "Keep it short."}
+    # An empty tools list is left out rather than sent as [].
+    assert "tools" not in sent
+
+
+def test_anthropic_parses_tool_use_response() -> None:
+    payload = anthropic_message(
+        [
+            {"type": "text", "text": "I'll count them."},
+            {
+                "type": "tool_use",
+                "id": "toolu_01A09q90qw90lq917835lq9",
+                "name": "count_signups",
+                "input": {"campaign_id": 7},
+            },
+        ],
+        stop_reason="tool_use",
+    )
+    script = Script(httpx.Response(200, json=payload))
+
+    turn = complete_once(scripted_anthropic(script))
+
+    assert turn == ModelTurn(
+        text="I'll count them.",
+        tool_calls=(ToolCall(id="toolu_01A09q90qw90lq917835lq9", name="count_signups", arguments={"campaign_id": 7}),),
+        stop_reason="tool_use",
+        usage={"input_tokens": 120, "output_tokens": 35},
+    )
+
+
+# --- OpenAI wire format ------------------------------------------------------------------------
+
+
+def test_openai_sends_tool_history_as_chat_messages() -> None:
+    script = Script(httpx.Response(200, json=OPENAI_TEXT))
+    provider = scripted_openai(script, base_url="http://llm.internal:8000/v1/")
+    provider.complete(SYSTEM, CONVERSATION_WITH_TOOL_RESULTS, [COUNT_SIGNUPS, SEND_EMAIL])
+
+    request = script.requests[0]
+    assert request.method == "POST"
+    assert str(request.url) == "http://llm.internal:8000/v1/chat/completions"
+    assert request.headers["authorization"] == "Bearer sk-openai-test"
+    assert request.headers["content-type"] == "application/json"
+    sent = script.body()
+    assistant_calls = sent["messages"][2]["tool_calls"]
+    assert [json.loads(call["function"]["arguments"]) for call in assistant_calls] == [
+        {"campaign_id": 7},
+        {"segment": "all", "subject": "Hi"},
+    ]
+    for call in assistant_calls:
+        call["function"]["arguments"] = "<checked above>"
+    assert sent == {
+        "model": "gpt-4o-mini",
+        "max_completion_tokens": 1024,
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "How many signups did campaign 7 get?"},
+            {
+                "role": "assistant",
+                "content": "Let me check.",
+                "tool_calls": [
+                    {
+                        "id": "toolu_01",
+                        "type": "function",
+                        "function": {"name": "count_signups", "arguments": "<checked above>"},
+                    },
+                    {
+                        "id": "toolu_02",
+                        "type": "function",
+                        "function": {"name": "send_email", "arguments": "<checked above>"},
+                    },
+                ],
+            },
+            {"role": "tool", "tool_call_id": "toolu_01", "content": "42"},
+            {"role": "tool", "tool_call_id": "toolu_02", "content": "ERROR: not permitted"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {"name": spec.name, "description": spec.description, "parameters": spec.input_schema},
+            }
+            for spec in (COUNT_SIGNUPS, SEND_EMAIL)
+        ],
+    }
+
+
+def test_openai_can_send_legacy_max_tokens_for_older_compatible_servers() -> None:
+    script = Script(httpx.Response(200, json=OPENAI_TEXT))
+    complete_once(scripted_openai(script, max_tokens_field="max_tokens", max_tokens=64))
+
+    sent = script.body()
+    assert sent["max_tokens"] == 64
+    assert "max_completion_tokens" not in sent
+
+
+def test_openai_parses_tool_calls_with_null_content() -> None:
+    payload = openai_completion(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_abc",
+                    "type": "function",
+                    "function": {"name": "count_signups", "arguments": '{"campaign_id": 7}'},
+                },
+                {"id": "call_def", "type": "function", "function": {"name": "send_email", "arguments": ""}},
+            ],
+        },
+        finish_reason="tool_calls",
+    )
+    script = Script(httpx.Response(200, json=payload))
+
+    turn = complete_once(scripted_openai(script))
+
+    assert turn == ModelTurn(
+        text="",
+        tool_calls=(
+            ToolCall(id="call_abc", name="count_signups", arguments={"campaign_id": 7}),
+            ToolCall(id="call_def", name="send_email", arguments={}),
+        ),
+        stop_reason="tool_calls",
+        usage={"input_tokens": 80, "output_tokens": 12},
+    )
+
+
+def test_openai_invalid_tool_arguments_name_the_tool() -> None:
+    payload = openai_completion(
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_abc", "type": "function", "function": {"name": "count_signups", "arguments": '{"campaign'}}
+            ],
+        },
+        finish_reason="tool_calls",
+    )
+    script = Script(httpx.Response(200, json=payload))
+
+    with pytest.raises(ServiceError, match="'count_signups' has invalid JSON arguments"):
+        complete_once(scripted_openai(script))
+
+
+# --- retries and errors, same contract for both HTTP providers ---------------------------------
+
+
+@pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)
+def test_429_waits_for_retry_after_then_succeeds(
+    factory: ProviderFactory, ok_payload: dict, env_var: str, bad_request: dict
+) -> None:
+    script = Script(
+        httpx.Response(429, headers={"retry-after": "7"}, json={"error": {"message": "slow down"}}),
+        httpx.Response(200, json=ok_payload),
+    )
+
+    turn = complete_once(factory(script))
+
+    assert turn.text == "Campaign 7 got 42 signups."
+    assert script.sleeps == [7.0]
+    assert len(script.requests) == 2
+
+
+@pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)
+def test_500_is_retried_then_succeeds(
+    factory: ProviderFactory, ok_payload: dict, env_var: str, bad_request: dict
+) -> None:
+    script = Script(httpx.Response(500, text="internal error"), httpx.Response(200, json=ok_payload))
+
+    turn = complete_once(factory(script))
+
+    assert turn.text == "Campaign 7 got 42 signups."
+    assert len(script.sleeps) == 1
+    assert len(script.requests) == 2
+
+
+@pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)
+def test_long_retry_after_raises_rate_limited_without_sleeping(
+    factory: ProviderFactory, ok_payload: dict, env_var: str, bad_request: dict
+) -> None:
+    script = Script(httpx.Response(429, headers={"retry-after": "3600"}))
+
+    with pytest.raises(RateLimited) as raised:
+        complete_once(factory(script))
+
+    assert raised.value.retry_after_s == 3600.0
+    assert script.sleeps == []
+
+
+@pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)
+def test_401_names_the_env_var_and_is_not_retried(
+    factory: ProviderFactory, ok_payload: dict, env_var: str, bad_request: dict
+) -> None:
+    script = Script(httpx.Response(401, json={"error": {"message": "invalid x-api-key"}}))
+
+    with pytest.raises(ServiceError, match=env_var) as raised:
+        complete_once(factory(script))
+
+    assert raised.value.status == 401
+    assert len(script.requests) == 1
+
+
+@pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)
+def test_400_quotes_the_api_error_message(
+    factory: ProviderFactory, ok_payload: dict, env_var: str, bad_request: dict
+) -> None:
+    script = Script(httpx.Response(400, json=bad_request))
+
+    with pytest.raises(ServiceError, match=r"API error \(HTTP 400\): max_tokens: must be positive$") as raised:
+        complete_once(factory(script))
+
+    assert raised.value.status == 400
+    assert len(script.requests) == 1
+
+
+@pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)
+def test_truncated_json_body_is_a_service_error(
+    factory: ProviderFactory, ok_payload: dict, env_var: str, bad_request: dict
+) -> None:
+    truncated = json.dumps(ok_payload)[:40]
+    script = Script(httpx.Response(200, text=truncated, headers={"content-type": "application/json"}))
+
+    with pytest.raises(ServiceError, match="not valid JSON"):
+        complete_once(factory(script))
+
+
+@pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)
+def test_empty_api_key_fails_before_any_request(
+    factory: ProviderFactory, ok_payload: dict, env_var: str, bad_request: dict
+) -> None:
+    script = Script()
+    provider = factory(script).model_copy(update={"api_key": ""})
+
+    with pytest.raises(ServiceError, match=env_var):
+        complete_once(provider)
+
+    assert script.requests == []
+
+
+# --- offline model -----------------------------------------------------------------------------
+
+
+def run_offline(task: object, tools: list[ToolSpec], results: dict[str, tuple[str, bool]]) -> list[ModelTurn]:
+    """Drive OfflineModel like the agent loop would, answering each call from ``results``; return every turn."""
+    model = OfflineModel()
+    content = task if isinstance(task, str) else json.dumps(task)
+    messages: list[dict] = [{"role": "user", "content": content}]
+    turns: list[ModelTurn] = []
+    for _ in range(len(tools) + 1):
+        turn = model.complete(SYSTEM, messages, tools)
+        turns.append(turn)
+        if not turn.tool_calls:
+            return turns
+        messages.append(
+            {
+                "role": "assistant",
+                "content": turn.text,
+                "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in turn.tool_calls],
+            }
+        )
+        for call in turn.tool_calls:
+            output, is_error = results[call.name]
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": output, "is_error": is_error}
+            )
+    raise AssertionError(f"offline model did not finish within {len(tools) + 1} turns: {turns}")
+
+
+def test_offline_calls_two_tools_one_per_turn_then_summarises() -> None:
+    task = {"campaign_id": 7, "since": "2025-01-01", "segment": "trial", "subject": "Welcome"}
+    long_result = "x" * 250
+
+    turns = run_offline(
+        task, [COUNT_SIGNUPS, SEND_EMAIL], {"count_signups": ("42", False), "send_email": (long_result, False)}
+    )
+
+    assert [turn.tool_calls for turn in turns] == [
+        (ToolCall(id="offline-1", name="count_signups", arguments={"campaign_id": 7, "since": "2025-01-01"}),),
+        (ToolCall(id="offline-2", name="send_email", arguments={"segment": "trial", "subject": "Welcome"}),),
+        (),
+    ]
+    final = turns[-1]
+    assert final.stop_reason == "end_turn"
+    assert final.text == f"count_signups: 42\nsend_email: {'x' * 200}"
+    assert all(turn.usage == {"input_tokens": 0, "output_tokens": 0} for turn in turns)
+
+
+def test_offline_skips_a_tool_whose_required_arguments_are_missing() -> None:
+    # No "subject", so send_email cannot be called; publish_post after it still can.
+    task = {"campaign_id": 7, "segment": "trial", "channel": "blog"}
+
+    turns = run_offline(
+        task,
+        [COUNT_SIGNUPS, SEND_EMAIL, PUBLISH_POST],
+        {"count_signups": ("42", False), "publish_post": ("published", False)},
+    )
+
+    assert [call.name for turn in turns for call in turn.tool_calls] == ["count_signups", "publish_post"]
+    assert turns[1].tool_calls[0].arguments == {"channel": "blog"}
+    assert turns[-1].text == "count_signups: 42\npublish_post: published"
+
+
+def test_offline_reports_a_refused_tool() -> None:
+    refusal = "send_email is not allowed for agent identity 'intern': " + "r" * 250
+
+    turns = run_offline(
+        {"campaign_id": 7, "segment": "all", "subject": "Sale"},
+        [COUNT_SIGNUPS, SEND_EMAIL],
+        {"count_signups": ("42", False), "send_email": (refusal, True)},
+    )
+
+    assert turns[-1].text == f"count_signups: 42\nsend_email was refused: {refusal}"
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        "Count the signups for campaign 7, please.",  # prose, not JSON
+        "[7]",  # JSON, but not an object
+        {"unrelated": True},  # an object with none of the required keys
+    ],
+)
+def test_offline_without_usable_task_answers_without_calling_tools(task: object) -> None:
+    turns = run_offline(task, [COUNT_SIGNUPS, SEND_EMAIL], {})
+
+    assert len(turns) == 1
+    assert turns[0].tool_calls == ()
+    assert turns[0].text == "No tools were called, so there is nothing to report."

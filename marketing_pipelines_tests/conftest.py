@@ -1,0 +1,92 @@
+"""Shared fixtures: real databases (a SQLite file per test, a throwaway PostgreSQL database).
+
+PostgreSQL tests read MARKETING_TEST_POSTGRES_URL (default: the local server, user postgres).
+Without a reachable server they skip with the reason locally, and fail under CI=true, where
+a skipped database test would hide exactly what CI is for.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from marketing_pipelines.db.engine import get_engine
+from marketing_pipelines.db.migrate import upgrade
+from marketing_pipelines.db.schema import metadata
+
+DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+
+def _admin_url() -> str:
+    return os.environ.get("MARKETING_TEST_POSTGRES_URL", DEFAULT_PG_URL)
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One migrated SQLite file; each test copies it instead of migrating again."""
+    path = tmp_path_factory.mktemp("template") / "template.db"
+    engine = get_engine(f"sqlite:///{path}")
+    upgrade(engine)
+    engine.dispose()
+    return path
+
+
+@pytest.fixture
+def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
+    path = tmp_path / "app.db"
+    shutil.copy(sqlite_template, path)
+    return f"sqlite:///{path}"
+
+
+@pytest.fixture(scope="session")
+def pg_database() -> Iterator[str]:
+    admin_url = _admin_url()
+    admin = sa.create_engine(
+        admin_url.replace("postgresql://", "postgresql+psycopg2://", 1), isolation_level="AUTOCOMMIT"
+    )
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except sa.exc.OperationalError as exc:
+        reason = f"PostgreSQL not reachable at {admin_url}: {str(exc.orig).strip().splitlines()[0]}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason} (CI=true: PostgreSQL tests must run)")
+        pytest.skip(reason)
+    name = f"mp_test_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.engine.make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    upgrade(get_engine(url))
+    yield url
+    get_engine(url).dispose()
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture
+def pg_url(pg_database: str) -> str:
+    """The session's PostgreSQL database, emptied before each test."""
+    tables = ", ".join(f'"{t.name}"' for t in metadata.sorted_tables)
+    with get_engine(pg_database).begin() as conn:
+        conn.execute(sa.text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    return pg_database
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test on both databases, and points MARKETING_DATABASE_URL at the one in use."""
+    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
+    monkeypatch.setenv("MARKETING_DATABASE_URL", url)
+    return url
+
+
+@pytest.fixture
+def engine(db_url: str) -> sa.Engine:
+    return get_engine(db_url)

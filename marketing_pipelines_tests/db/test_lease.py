@@ -1,0 +1,128 @@
+"""The shared lease protocol on both databases: claim limits, fencing, expiry, retries."""
+
+from __future__ import annotations
+
+import time
+
+import sqlalchemy as sa
+
+from marketing_pipelines.db import lease
+from marketing_pipelines.db.schema import marketing_execution as t
+from marketing_pipelines.executions.queue import EXECUTIONS, get_execution
+from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions
+
+
+def _claim(engine: sa.Engine, owner: str, limit: int, lease_s: float = 60) -> list[int]:
+    with engine.begin() as conn:
+        return [row["id"] for row in lease.claim_batch(conn, EXECUTIONS, owner, limit, lease_s)]
+
+
+def _row(engine: sa.Engine, row_id: int) -> sa.RowMapping:
+    with engine.connect() as conn:
+        row = get_execution(conn, row_id)
+    assert row is not None
+    return row
+
+
+def test_claim_takes_at_most_limit_in_due_order_and_never_twice(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 25)
+    first = _claim(engine, "a", 10)
+    second = _claim(engine, "b", 10)
+    third = _claim(engine, "c", 10)
+    assert (len(first), len(second), len(third)) == (10, 10, 5)
+    assert not set(first) & set(second) and not set(second) & set(third)
+    with engine.connect() as conn:
+        dues = dict(conn.execute(sa.select(t.c.id, t.c.due_at)).all())
+    assert max(dues[i] for i in first) <= min(dues[i] for i in second)
+    assert _claim(engine, "d", 10) == []
+    row = _row(engine, first[0])
+    assert (row["status"], row["lease_owner"], row["attempts"]) == ("RUNNING", "a", 1)
+
+
+def test_rows_due_in_the_future_are_not_claimed(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 3)
+    far_future = _row(engine, 1)["created_at"].replace(year=2099)
+    with engine.begin() as conn:
+        conn.execute(sa.update(t).where(t.c.id == 1).values(due_at=far_future))
+    assert sorted(_claim(engine, "a", 10)) == [2, 3]
+
+
+def test_stale_owner_cannot_renew_finish_or_fail(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 1)
+    [row_id] = _claim(engine, "old", 1, lease_s=0.2)
+    time.sleep(0.5)
+    with engine.begin() as conn:
+        assert lease.recover_expired(conn, EXECUTIONS).requeued == (row_id,)
+    assert _claim(engine, "new", 1) == [row_id]
+    with engine.begin() as conn:
+        assert lease.renew(conn, EXECUTIONS, row_id, "old", 60) is False
+        assert lease.finish(conn, EXECUTIONS, row_id, "old", "SUCCEEDED") is False
+        assert lease.retry_or_fail(conn, EXECUTIONS, row_id, "old", "boom", 0) is None
+    row = _row(engine, row_id)
+    assert (row["status"], row["lease_owner"], row["attempts"]) == ("RUNNING", "new", 2)
+    with engine.begin() as conn:
+        assert lease.renew(conn, EXECUTIONS, row_id, "new", 60) is True
+        assert lease.finish(conn, EXECUTIONS, row_id, "new", "SUCCEEDED") is True
+    assert _row(engine, row_id)["status"] == "SUCCEEDED"
+
+
+def test_expired_lease_requeues_then_fails_at_max_attempts(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 1, max_attempts=2)
+    for attempt in (1, 2):
+        assert _claim(engine, f"w{attempt}", 1, lease_s=0.1) == [1]
+        assert _row(engine, 1)["attempts"] == attempt
+        time.sleep(0.3)
+        with engine.begin() as conn:
+            recovery = lease.recover_expired(conn, EXECUTIONS)
+        # A live lease is untouched, an expired one is requeued below max_attempts, then FAILED.
+        assert recovery == (lease.Recovery((1,), ()) if attempt == 1 else lease.Recovery((), (1,)))
+    row = _row(engine, 1)
+    assert row["status"] == "FAILED"
+    assert "lease expired" in row["last_error"] and "gave up" in row["last_error"]
+    assert row["finished_at"] is not None and row["lease_owner"] is None
+
+
+def test_live_lease_is_not_recovered(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 1)
+    _claim(engine, "w", 1, lease_s=60)
+    with engine.begin() as conn:
+        assert lease.recover_expired(conn, EXECUTIONS) == lease.Recovery((), ())
+    assert _row(engine, 1)["status"] == "RUNNING"
+
+
+def test_retry_or_fail_moves_due_and_counts_attempts(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 1, max_attempts=2)
+    _claim(engine, "w", 1)
+    with engine.begin() as conn:
+        assert lease.retry_or_fail(conn, EXECUTIONS, 1, "w", "HTTP 500", retry_delay_s=3600) == "SCHEDULED"
+    row = _row(engine, 1)
+    assert row["last_error"] == "HTTP 500" and row["lease_owner"] is None
+    assert row["due_at"] > row["updated_at"]  # backed off into the future, so not claimable now
+    assert _claim(engine, "w2", 1) == []
+    with engine.begin() as conn:
+        conn.execute(sa.update(t).values(due_at=row["created_at"]))
+    _claim(engine, "w2", 1)
+    with engine.begin() as conn:
+        assert lease.retry_or_fail(conn, EXECUTIONS, 1, "w2", "HTTP 500 again", retry_delay_s=0) == "FAILED"
+    assert _row(engine, 1)["finished_at"] is not None
+
+
+def test_lease_keeper_renews_and_notices_loss(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 1)
+    _claim(engine, "w", 1, lease_s=1.5)
+    lost: list[str] = []
+    with lease.LeaseKeeper(engine, EXECUTIONS, 1, "w", 1.5, on_lost=lost.append) as keeper:
+        time.sleep(2.5)  # longer than the lease: only renewals keep it alive
+        with engine.begin() as conn:
+            assert lease.recover_expired(conn, EXECUTIONS) == lease.Recovery((), ())
+            # Someone else takes the row (as after an expiry); the keeper must notice.
+            conn.execute(sa.update(t).where(t.c.id == 1).values(lease_owner="thief"))
+        assert keeper.lost.wait(timeout=3)
+    assert lost and "lease lost" in lost[0]

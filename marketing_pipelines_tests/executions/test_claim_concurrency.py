@@ -1,0 +1,106 @@
+"""Two replicas never launch the same execution: separate processes race through due_work_sensor.
+
+The harness also runs the first version's read-then-update claim, which must double-claim
+under the same race; that proves the harness can see a double claim at all.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions
+
+DUE = 2000
+WORKERS = 2
+BATCH = 25
+
+
+def _sensor_worker(db_url: str, start: Any, out: Any) -> None:
+    """Evaluate due_work_sensor in a loop until it finds nothing; report the execution ids."""
+    os.environ["MARKETING_DATABASE_URL"] = db_url
+    os.environ["MARKETING_SENSOR_BATCH_SIZE"] = str(BATCH)
+    import dagster as dg
+
+    from marketing_pipelines.db.resources import AppDatabase
+    from marketing_pipelines.executions.sensors import due_work_sensor
+
+    context = dg.build_sensor_context(resources={"app_db": AppDatabase(url=db_url)})
+    claimed: list[int] = []
+    empty_ticks = 0
+    start.wait()
+    while empty_ticks < 3:
+        result = due_work_sensor(context)
+        requests = result.run_requests if isinstance(result, dg.SensorResult) else []
+        claimed += [int(r.tags["marketing/execution_id"]) for r in requests or []]
+        empty_ticks = 0 if requests else empty_ticks + 1
+    out.put(claimed)
+
+
+def _naive_worker(db_url: str, start: Any, out: Any) -> None:
+    """The first version's claim: read due ids, then mark them RUNNING in a second statement."""
+    from marketing_pipelines.db.engine import get_engine
+    from marketing_pipelines.db.schema import marketing_execution as t
+
+    engine = get_engine(db_url)
+    claimed: list[int] = []
+    start.wait()
+    while True:
+        with engine.begin() as conn:
+            ids = list(conn.execute(sa.select(t.c.id).where(t.c.status == "SCHEDULED").limit(BATCH)).scalars())
+        if not ids:
+            break
+        time.sleep(0.002)  # the application's work between read and write, where the race lives
+        with engine.begin() as conn:
+            conn.execute(sa.update(t).where(t.c.id.in_(ids)).values(status="RUNNING"))
+        claimed += ids
+    out.put(claimed)
+
+
+def _race(db_url: str, worker: Any) -> Counter[int]:
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(db_url, start, out)) for _ in range(WORKERS)]
+    for p in procs:
+        p.start()
+    time.sleep(0.5)
+    start.set()
+    results = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert all(results), "each process must have claimed something, or there was no race"
+    return Counter(i for claimed in results for i in claimed)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_two_sensor_processes_launch_every_execution_exactly_once(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    db_url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "pg_url")
+    from marketing_pipelines.db.engine import get_engine
+
+    engine = get_engine(db_url)
+    add_campaign(engine)
+    bulk_due_executions(engine, DUE)
+    counts = _race(db_url, _sensor_worker)
+    assert sorted(counts) == list(range(1, DUE + 1))
+    assert [i for i, n in counts.items() if n > 1] == []
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_harness_detects_double_claims_of_read_then_update(database: str, request: pytest.FixtureRequest) -> None:
+    db_url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "pg_url")
+    from marketing_pipelines.db.engine import get_engine
+
+    engine = get_engine(db_url)
+    add_campaign(engine)
+    bulk_due_executions(engine, DUE)
+    counts = _race(db_url, _naive_worker)
+    assert sum(1 for n in counts.values() if n > 1) > 0

@@ -1,0 +1,41 @@
+"""Small builders for test data, on the real tables through the project's own functions."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
+from marketing_pipelines.db.schema import marketing_execution
+
+
+def add_campaign(engine: sa.Engine, campaign_id: str = "spring-launch", **kw: Any) -> str:
+    with engine.begin() as conn:
+        upsert_campaign(conn, Campaign(id=campaign_id, name=kw.pop("name", campaign_id), owner="ana", **kw))
+    return campaign_id
+
+
+def bulk_due_executions(
+    engine: sa.Engine, n: int, campaign_id: str = "spring-launch", max_attempts: int = 3, action: str = "log"
+) -> None:
+    """Insert ``n`` executions already due, spread over the last hour, in one statement."""
+    now = datetime.now(UTC)
+    rows = [
+        {
+            "campaign_id": campaign_id,
+            "stage": "launch",
+            "action": action,
+            "payload": {"message": f"hello {i}"},
+            "due_at": now - timedelta(seconds=3600 - i % 3600),
+            "status": "SCHEDULED",
+            "attempts": 0,
+            "max_attempts": max_attempts,
+            "created_at": now,
+            "updated_at": now,
+        }
+        for i in range(n)
+    ]
+    with engine.begin() as conn:
+        conn.execute(sa.insert(marketing_execution), rows)

@@ -1,0 +1,128 @@
+"""The command line: happy paths and one clear error line for each kind of bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from marketing_pipelines.cli import main
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@pytest.fixture
+def fresh_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "cli.db"
+    monkeypatch.setenv("MARKETING_DATABASE_URL", f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture
+def ready_db(fresh_db: Path) -> Path:
+    assert run("db", "upgrade").exit_code == 0
+    assert run("campaigns", "add", "spring-launch", "--name", "Spring", "--owner", "ana").exit_code == 0
+    return fresh_db
+
+
+def test_commands_refuse_a_database_without_schema(fresh_db: Path) -> None:
+    result = run("executions", "list")
+    assert result.exit_code == 1
+    assert "has no schema yet: run `marketing-pipelines db upgrade`" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_upgrade_then_current_reports_head(fresh_db: Path) -> None:
+    assert "schema at" in run("db", "upgrade").output
+    assert run("db", "current").output.startswith("database: 0")
+
+
+def test_schedule_and_list(ready_db: Path) -> None:
+    result = run(
+        "executions", "schedule", "--campaign", "spring-launch", "--stage", "launch", "--action", "log",
+        "--due", "2026-01-01T09:00:00+01:00", "--payload", '{"message": "hi"}',
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    execution_id = int(result.output.strip())
+    listed = json.loads(run("executions", "list", "--json").output)
+    assert [(r["id"], r["status"], r["due_at"]) for r in listed] == [
+        (execution_id, "SCHEDULED", "2026-01-01 08:00:00+00:00")
+    ]
+
+
+def test_dedupe_key_returns_the_first_execution(ready_db: Path) -> None:
+    args = ["executions", "schedule", "--campaign", "spring-launch", "--stage", "s", "--action", "log"]
+    first = run(*args, "--due", "now", "--dedupe-key", "k1").output
+    second = run(*args, "--due", "now", "--dedupe-key", "k1").output
+    assert first == second
+    assert len(json.loads(run("executions", "list", "--json").output)) == 1
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (["--campaign", "nope"], "unknown campaign 'nope'"),
+        (["--due", "tomorrow-ish"], "due time 'tomorrow-ish' is not ISO-8601"),
+        (["--due", "2026-01-01T09:00:00"], "has no UTC offset"),
+        (["--payload", "{not json"], "payload is not valid JSON"),
+        (["--payload", "[1, 2]"], "payload must be a JSON object"),
+        (["--action", "fax"], "unknown action 'fax'; known actions: log, webhook"),
+        (["--action", "webhook"], "webhook payload needs 'url'"),
+    ],
+)
+def test_bad_schedule_input_is_named_and_nothing_is_written(ready_db: Path, override: list[str], message: str) -> None:
+    options = {"--campaign": "spring-launch", "--stage": "launch", "--action": "log", "--due": "now"}
+    options.update(dict(zip(override[::2], override[1::2], strict=True)))
+    result = run("executions", "schedule", *[x for kv in options.items() for x in kv])
+    assert result.exit_code == 1
+    assert message in result.output
+    assert json.loads(run("executions", "list", "--json").output) == []
+
+
+def test_bad_campaign_and_duplicate(ready_db: Path) -> None:
+    dup = run("campaigns", "add", "spring-launch", "--name", "x", "--owner", "y")
+    assert dup.exit_code == 1 and "already exists" in dup.output
+    bad = run("campaigns", "add", "Bad Id", "--name", "x", "--owner", "y")
+    assert bad.exit_code == 1 and "'Bad Id' must be" in bad.output
+    repo = run("campaigns", "add", "ok", "--name", "x", "--owner", "y", "--github-repo", "nope")
+    assert repo.exit_code == 1 and "owner/name" in repo.output
+
+
+def test_unreachable_postgres_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MARKETING_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/nothing")
+    result = run("db", "upgrade")
+    assert result.exit_code == 1
+    assert "cannot connect to postgresql+psycopg2://nobody@127.0.0.1:1/nothing" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "message"),
+    [
+        ("MARKETING_SENSOR_BATCH_SIZE", "0", "MARKETING_SENSOR_BATCH_SIZE='0' is not valid: must be >= 1"),
+        ("MARKETING_DATABASE_URL", "mysql://x/y", "unsupported database 'mysql'"),
+        ("MARKETING_DATABASE_URL", "::::", "is not a database URL"),
+    ],
+)
+def test_bad_settings_are_named(monkeypatch: pytest.MonkeyPatch, env: str, value: str, message: str) -> None:
+    monkeypatch.setenv(env, value)
+    result = run("db", "current")
+    assert result.exit_code == 1 and message in result.output
+
+
+def test_every_command_has_help_with_an_example() -> None:
+    def walk(group, path):  # type: ignore[no-untyped-def]
+        for name, command in group.commands.items():
+            yield [*path, name], command
+            if hasattr(command, "commands"):
+                yield from walk(command, [*path, name])
+
+    for path, command in walk(main, []):
+        if hasattr(command, "commands"):
+            continue
+        text = run(*path, "--help").output
+        assert "Example" in text, f"`{' '.join(path)} --help` has no example"
