@@ -1,22 +1,17 @@
 """Assembles the Dagster definitions from the domains; nothing else lives here."""
 
-from __future__ import annotations
-
 import dagster as dg
 
+from marketing_pipelines.agents.defs import defs as agents_defs
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.executions.actions import WebhookClient
-from marketing_pipelines.executions.jobs import marketing_execution_job
-from marketing_pipelines.executions.sensors import due_work_sensor, work_run_canceled_sensor, work_run_failure_sensor
-from marketing_pipelines.settings import Settings
+from marketing_pipelines.executions.defs import defs as executions_defs
+from marketing_pipelines.measurement.defs import defs as measurement_defs
 
-settings = Settings.from_env()
-
-defs = dg.Definitions(
-    jobs=[marketing_execution_job],
-    sensors=[due_work_sensor, work_run_failure_sensor, work_run_canceled_sensor],
-    resources={
-        "app_db": AppDatabase(),
-        "webhook": WebhookClient(timeout_s=settings.webhook_timeout_seconds),
-    },
+defs = dg.Definitions.merge(
+    executions_defs,
+    agents_defs,
+    measurement_defs,
+    # Shared by every domain. The URL is resolved from MARKETING_DATABASE_URL in the process
+    # that uses it (see AppDatabase), so it never shows in run config.
+    dg.Definitions(resources={"app_db": AppDatabase()}),
 )

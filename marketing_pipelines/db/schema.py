@@ -70,3 +70,99 @@ marketing_execution = sa.Table(
     ),
     sa.Index("ix_marketing_execution_campaign", "campaign_id", "due_at"),
 )
+
+# --- users, permissions and the agent-run queue ----------------------------------------------
+
+AGENT_RUN_STATUSES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
+ALL_CAMPAIGNS = "*"
+
+app_user = sa.Table(
+    "app_user",
+    metadata,
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("display_name", sa.String(200), nullable=False),
+    sa.Column("active", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+)
+
+user_permission = sa.Table(
+    "user_permission",
+    metadata,
+    sa.Column("id", BigIntId, primary_key=True, autoincrement=True),
+    sa.Column("user_id", sa.String(64), sa.ForeignKey("app_user.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("permission", sa.String(64), nullable=False),
+    # '*' grants the permission on every campaign; otherwise a campaign id. Not NULL, so the
+    # unique constraint below also dedupes global grants (NULLs are distinct in a UNIQUE).
+    sa.Column("campaign_scope", sa.String(64), nullable=False, server_default=ALL_CAMPAIGNS),
+    sa.Column("granted_at", UTCDateTime(), nullable=False),
+    sa.UniqueConstraint("user_id", "permission", "campaign_scope"),
+)
+
+agent_run = sa.Table(
+    "agent_run",
+    metadata,
+    sa.Column("id", BigIntId, primary_key=True, autoincrement=True),
+    sa.Column("agent", sa.String(64), nullable=False),
+    sa.Column("campaign_id", sa.String(64), sa.ForeignKey("campaign.id"), nullable=False),
+    sa.Column("input", JSONType, nullable=False),
+    sa.Column("status", sa.String(16), nullable=False, server_default="QUEUED"),
+    sa.Column("requested_by", sa.String(64), sa.ForeignKey("app_user.id"), nullable=False),
+    sa.Column("permissions", JSONType, nullable=False, comment="Permission set captured at request time"),
+    sa.Column("model_provider", sa.String(32), nullable=False),
+    sa.Column("requested_at", UTCDateTime(), nullable=False),
+    sa.Column("lease_owner", sa.String(200), nullable=True),
+    sa.Column("lease_expires_at", UTCDateTime(), nullable=True),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_attempts", sa.Integer, nullable=False, server_default="2"),
+    sa.Column("run_id", sa.String(64), nullable=True),
+    sa.Column("max_run_seconds", sa.Integer, nullable=False),
+    sa.Column("output", JSONType, nullable=True),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.Column("started_at", UTCDateTime(), nullable=True),
+    sa.Column("finished_at", UTCDateTime(), nullable=True),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+    sa.CheckConstraint(f"status IN {AGENT_RUN_STATUSES!r}", name="status"),
+    sa.CheckConstraint("max_attempts >= 1", name="max_attempts"),
+    sa.CheckConstraint("max_run_seconds >= 1", name="max_run_seconds"),
+    sa.Index(
+        "ix_agent_run_queued",
+        "requested_at",
+        "id",
+        postgresql_where=sa.text("status = 'QUEUED'"),
+        sqlite_where=sa.text("status = 'QUEUED'"),
+    ),
+    sa.Index(
+        "ix_agent_run_lease",
+        "lease_expires_at",
+        postgresql_where=sa.text("status = 'RUNNING'"),
+        sqlite_where=sa.text("status = 'RUNNING'"),
+    ),
+    sa.Index("ix_agent_run_requested_by", "requested_by", "requested_at"),
+)
+
+agent_run_step = sa.Table(
+    "agent_run_step",
+    metadata,
+    sa.Column("id", BigIntId, primary_key=True, autoincrement=True),
+    sa.Column("agent_run_id", BigIntId, sa.ForeignKey("agent_run.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("kind", sa.String(32), nullable=False, comment="model_turn, tool_call, tool_result, denial, error"),
+    sa.Column("name", sa.String(64), nullable=True),
+    sa.Column("content", JSONType, nullable=False),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.UniqueConstraint("agent_run_id", "attempt", "seq"),
+)
+
+model_token_bucket = sa.Table(
+    "model_token_bucket",
+    metadata,
+    sa.Column("provider", sa.String(32), primary_key=True),
+    sa.Column("capacity", sa.Float, nullable=False),
+    sa.Column("refill_per_second", sa.Float, nullable=False),
+    sa.Column("tokens", sa.Float, nullable=False),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+    sa.CheckConstraint("capacity > 0", name="capacity"),
+    sa.CheckConstraint("refill_per_second > 0", name="refill"),
+    sa.CheckConstraint("tokens >= 0", name="tokens"),
+)

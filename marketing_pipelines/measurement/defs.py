@@ -1,0 +1,5 @@
+"""The measurement domain's Dagster definitions (assets, checks, schedules, sensors)."""
+
+import dagster as dg
+
+defs = dg.Definitions()
