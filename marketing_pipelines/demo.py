@@ -67,7 +67,7 @@ def demo_instance() -> dg.DagsterInstance:
 
 def run_demo(days: int = 7, echo: Echo = print) -> None:
     from marketing_pipelines.definitions import defs
-    from marketing_pipelines.executions.sensors import due_work_sensor
+    from marketing_pipelines.work import due_work_sensor
 
     settings = Settings.from_env()
     url = settings.resolved_database_url

@@ -16,7 +16,10 @@ process's clock on SQLite (one machine, one clock).
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -31,6 +34,11 @@ FAILED = "FAILED"
 CANCELLED = "CANCELLED"
 
 LEASE_EXPIRED_ERROR = "lease expired: the worker stopped renewing it (crashed, killed, or its run never started)"
+
+
+def new_claim_owner() -> str:
+    """A lease owner unique to one sensor tick on one replica (host, pid, random suffix)."""
+    return f"claim:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,12 @@
-"""``due_work_sensor`` (claims due work, launches runs) and the run-status sensors that reconcile.
+"""The execution half of due_work_sensor and of run reconciliation, as testable functions.
 
-The sensor's database work lives in small functions (``claim_execution_requests``,
-``reconcile_execution_run``) that tests call on their own; the sensor only wires them up.
+``marketing_pipelines/work.py`` wires these (and the agent-run half) into the sensors.
 """
-
-import os
-import socket
-import uuid
 
 import dagster as dg
 import sqlalchemy as sa
 
-from marketing_pipelines.db.engine import DatabaseUnavailable
 from marketing_pipelines.db.lease import CANCELLED, claim_batch, finish, recover_expired, retry_or_fail
-from marketing_pipelines.db.migrate import SchemaNotReady
-from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job, retry_delay_seconds, run_owner
 from marketing_pipelines.executions.queue import EXECUTIONS
 from marketing_pipelines.settings import Settings
@@ -25,11 +17,6 @@ TAG_STAGE = "marketing/stage"
 TAG_ACTION = "marketing/action"
 TAG_CLAIMED_BY = "marketing/claimed_by"
 TAG_ATTEMPT = "marketing/attempt"
-
-
-def new_claim_owner() -> str:
-    """A lease owner unique to one sensor tick on one replica (host, pid, random suffix)."""
-    return f"claim:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
 def execution_run_request(row: sa.RowMapping, claimed_by: str) -> dg.RunRequest:
@@ -64,35 +51,6 @@ def claim_execution_requests(
     return [execution_run_request(row, claimed_by) for row in rows], summary
 
 
-_settings = Settings.from_env()
-
-
-@dg.sensor(
-    name="due_work_sensor",
-    jobs=[marketing_execution_job],
-    minimum_interval_seconds=_settings.sensor_interval_seconds,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description=(
-        "Recovers expired leases, claims due executions in the database (FOR UPDATE SKIP LOCKED on "
-        "PostgreSQL) and launches one run per claimed row. Safe to evaluate on many replicas at once."
-    ),
-)
-def due_work_sensor(context: dg.SensorEvaluationContext, app_db: AppDatabase) -> dg.SensorResult | dg.SkipReason:
-    settings = Settings.from_env()
-    try:
-        engine = app_db.ready_engine()
-    except (SchemaNotReady, DatabaseUnavailable) as exc:
-        return dg.SkipReason(str(exc))
-    claimed_by = new_claim_owner()
-    requests, summary = claim_execution_requests(
-        engine, claimed_by, settings.sensor_batch_size, settings.execution_lease_seconds
-    )
-    if not requests:
-        return dg.SkipReason(f"Nothing due ({summary}).")
-    context.log.info(summary)
-    return dg.SensorResult(run_requests=requests)
-
-
 def reconcile_execution_run(engine: sa.Engine, run: dg.DagsterRun, outcome: str, reason: str) -> str | None:
     """Record the outcome of an execution whose Dagster run ended without recording one.
 
@@ -119,31 +77,3 @@ def reconcile_execution_run(engine: sa.Engine, run: dg.DagsterRun, outcome: str,
             retry_delay_seconds(settings, attempt),
             run_id=run.run_id,
         )
-
-
-@dg.run_failure_sensor(
-    name="work_run_failure_sensor",
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Reschedules or fails executions and agent runs whose Dagster run failed before recording it.",
-)
-def work_run_failure_sensor(context: dg.RunFailureSensorContext, app_db: AppDatabase) -> None:
-    message = context.failure_event.message or "run failed"
-    status = reconcile_execution_run(
-        app_db.engine(), context.dagster_run, "FAILED", f"Dagster run {context.dagster_run.run_id} failed: {message}"
-    )
-    if status:
-        context.log.info(f"Run {context.dagster_run.run_id}: execution now {status}.")
-
-
-@dg.run_status_sensor(
-    name="work_run_canceled_sensor",
-    run_status=dg.DagsterRunStatus.CANCELED,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Marks executions and agent runs CANCELLED when their Dagster run was canceled.",
-)
-def work_run_canceled_sensor(context: dg.RunStatusSensorContext, app_db: AppDatabase) -> None:
-    status = reconcile_execution_run(
-        app_db.engine(), context.dagster_run, CANCELLED, f"Dagster run {context.dagster_run.run_id} was canceled"
-    )
-    if status:
-        context.log.info(f"Run {context.dagster_run.run_id}: execution now {status}.")

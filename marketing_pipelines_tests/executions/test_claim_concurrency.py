@@ -29,9 +29,11 @@ def _sensor_worker(db_url: str, start: Any, out: Any) -> None:
     import dagster as dg
 
     from marketing_pipelines.db.resources import AppDatabase
-    from marketing_pipelines.executions.sensors import due_work_sensor
+    from marketing_pipelines.work import due_work_sensor
 
-    context = dg.build_sensor_context(resources={"app_db": AppDatabase(url=db_url)})
+    context = dg.build_sensor_context(
+        instance=dg.DagsterInstance.ephemeral(), resources={"app_db": AppDatabase(url=db_url)}
+    )
     claimed: list[int] = []
     empty_ticks = 0
     start.wait()
@@ -63,6 +65,20 @@ def _naive_worker(db_url: str, start: Any, out: Any) -> None:
     out.put(claimed)
 
 
+def _next_result(out: Any, procs: list[Any], timeout_s: float = 300) -> list[int]:
+    """The next worker's result; fails fast (not after the timeout) when a worker died."""
+    import queue
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return out.get(timeout=1)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            assert not dead, f"a worker process exited with {dead}"
+    raise AssertionError("workers did not finish in time")
+
+
 def _race(db_url: str, worker: Any) -> Counter[int]:
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
@@ -71,7 +87,7 @@ def _race(db_url: str, worker: Any) -> Counter[int]:
         p.start()
     time.sleep(0.5)
     start.set()
-    results = [out.get(timeout=300) for _ in procs]
+    results = [_next_result(out, procs) for _ in procs]
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0

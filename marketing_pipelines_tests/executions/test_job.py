@@ -14,7 +14,7 @@ from marketing_pipelines.db.schema import marketing_execution as t
 from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import get_execution, schedule_execution
-from marketing_pipelines.executions.sensors import due_work_sensor, work_run_failure_sensor
+from marketing_pipelines.work import due_work_sensor, work_run_failure_sensor
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Recorder, webhook_server
 

@@ -1,0 +1,198 @@
+"""The agent-run queue: request (never run inline), list, show, cancel, and the transcript."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from marketing_pipelines.agents.catalog import get_agent
+from marketing_pipelines.agents.providers import PROVIDER_NAMES
+from marketing_pipelines.agents.users import current_grants, require_user
+from marketing_pipelines.db.campaigns import InvalidInput, require_campaign
+from marketing_pipelines.db.lease import LeaseQueue, cancel
+from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
+
+AGENT_RUNS = LeaseQueue(
+    table=agent_run,
+    ready_status="QUEUED",
+    due_column="requested_at",
+    error_column="error",
+    retry_moves_due=False,  # a retried run keeps its place in the queue
+    started_column="started_at",
+)
+MAX_INPUT_BYTES = 16 * 1024
+
+
+def parse_input(value: str | None) -> dict[str, Any]:
+    if value is None or value.strip() == "":
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"--input is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidInput(f"--input must be a JSON object, got {type(parsed).__name__}")
+    return parsed
+
+
+def configured_provider_problem(provider: str, environ: Mapping[str, str]) -> str | None:
+    """Why ``provider`` cannot be used in this deployment, or None when it can."""
+    if provider not in PROVIDER_NAMES:
+        return f"unknown model provider {provider!r}; known: {', '.join(PROVIDER_NAMES)}"
+    key = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}.get(provider)
+    if key and not environ.get(key):
+        return f"model provider {provider!r} is not configured: set {key}"
+    return None
+
+
+def request_agent_run(
+    conn: sa.Connection,
+    *,
+    agent: str,
+    campaign_id: str,
+    requested_by: str,
+    input: Mapping[str, Any] | None = None,
+    provider: str = "offline",
+    max_run_seconds: int = 300,
+    max_attempts: int = 2,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """Validate a request, capture the requester's current permissions, insert a QUEUED row.
+
+    Returns the agent run id. The agent never runs here: due_work_sensor claims the row and a
+    Dagster run performs it, so a request survives restarts and obeys the concurrency pool.
+    """
+    import os
+
+    definition = get_agent(agent)
+    payload = definition.validate_input(dict(input or {}))
+    if len(json.dumps(payload)) > MAX_INPUT_BYTES:
+        raise InvalidInput(f"input is larger than {MAX_INPUT_BYTES} bytes")
+    problem = configured_provider_problem(provider, os.environ if environ is None else environ)
+    if problem:
+        raise InvalidInput(problem)
+    if max_run_seconds < 1:
+        raise InvalidInput(f"max_run_seconds must be >= 1, got {max_run_seconds}")
+    if max_attempts < 1:
+        raise InvalidInput(f"max_attempts must be >= 1, got {max_attempts}")
+    require_campaign(conn, campaign_id)
+    user = require_user(conn, requested_by)
+    if not user.active:
+        raise InvalidInput(f"user {requested_by!r} is not active and cannot request agent runs")
+    grants = sorted(current_grants(conn, requested_by))
+    now = datetime.now(UTC)
+    return conn.execute(
+        sa.insert(agent_run)
+        .values(
+            agent=agent,
+            campaign_id=campaign_id,
+            input=payload,
+            status="QUEUED",
+            requested_by=requested_by,
+            permissions=[g.to_json() for g in grants],
+            model_provider=provider,
+            requested_at=now,
+            attempts=0,
+            max_attempts=max_attempts,
+            max_run_seconds=max_run_seconds,
+            updated_at=now,
+        )
+        .returning(agent_run.c.id)
+    ).scalar_one()
+
+
+def get_agent_run(conn: sa.Connection, run_id: int) -> sa.RowMapping | None:
+    return conn.execute(sa.select(agent_run).where(agent_run.c.id == run_id)).mappings().one_or_none()
+
+
+def require_agent_run(conn: sa.Connection, run_id: int) -> sa.RowMapping:
+    row = get_agent_run(conn, run_id)
+    if row is None:
+        raise InvalidInput(f"unknown agent run {run_id}")
+    return row
+
+
+def list_agent_runs(
+    conn: sa.Connection, status: str | None = None, requested_by: str | None = None, limit: int = 200
+) -> list[sa.RowMapping]:
+    query = sa.select(agent_run).order_by(agent_run.c.id.desc()).limit(limit)
+    if status is not None:
+        if status not in AGENT_RUN_STATUSES:
+            raise InvalidInput(f"status {status!r} is not one of {', '.join(AGENT_RUN_STATUSES)}")
+        query = query.where(agent_run.c.status == status)
+    if requested_by is not None:
+        query = query.where(agent_run.c.requested_by == requested_by)
+    return list(conn.execute(query).mappings())
+
+
+def running_count(conn: sa.Connection) -> int:
+    return conn.execute(sa.select(sa.func.count()).where(agent_run.c.status == "RUNNING")).scalar_one()
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    previous_status: str
+    run_id: str | None
+
+
+def cancel_agent_run(conn: sa.Connection, run_id: int, reason: str) -> CancelResult:
+    row = require_agent_run(conn, run_id)
+    cancelled = cancel(conn, AGENT_RUNS, run_id, reason)
+    if cancelled is None:
+        raise InvalidInput(
+            f"agent run {run_id} is already {row['status']}; only QUEUED or RUNNING runs can be cancelled"
+        )
+    return CancelResult(cancelled.status, cancelled.run_id)
+
+
+def transcript(conn: sa.Connection, run_id: int) -> list[sa.RowMapping]:
+    s = agent_run_step
+    return list(
+        conn.execute(
+            sa.select(s.c.attempt, s.c.seq, s.c.kind, s.c.name, s.c.content, s.c.created_at)
+            .where(s.c.agent_run_id == run_id)
+            .order_by(s.c.attempt, s.c.seq)
+        ).mappings()
+    )
+
+
+class Transcript:
+    """Appends one attempt's steps, each in its own short transaction.
+
+    Committing step by step means a run that is killed mid-way still leaves what it did (and
+    which tool calls it made) readable with ``agents show``.
+    """
+
+    def __init__(self, engine: sa.Engine, run_id: int, attempt: int) -> None:
+        self._engine, self._run_id, self._attempt = engine, run_id, attempt
+        with engine.connect() as conn:
+            last = conn.execute(
+                sa.select(sa.func.max(agent_run_step.c.seq)).where(
+                    agent_run_step.c.agent_run_id == run_id, agent_run_step.c.attempt == attempt
+                )
+            ).scalar_one()
+        self._seq = last or 0
+        self.denials = 0
+        self.tool_calls = 0
+
+    def add(self, kind: str, name: str | None, content: Any) -> None:
+        self._seq += 1
+        self.denials += kind == "denial"
+        self.tool_calls += kind == "tool_call"
+        with self._engine.begin() as conn:
+            conn.execute(
+                sa.insert(agent_run_step).values(
+                    agent_run_id=self._run_id,
+                    attempt=self._attempt,
+                    seq=self._seq,
+                    kind=kind,
+                    name=name,
+                    content=content,
+                    created_at=datetime.now(UTC),
+                )
+            )

@@ -1,0 +1,150 @@
+"""The agent loop: model turn, authorised tool calls, transcript, limits.
+
+Provider-neutral and Dagster-free, so tests drive it directly; ``agents/jobs.py`` wraps it in
+the pooled op. Every model call first takes a token from the provider's database bucket.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, ToolCallContext
+from marketing_pipelines.agents.providers import ModelProvider, ToolCall
+from marketing_pipelines.agents.queue import Transcript
+from marketing_pipelines.agents.users import Grant, authorize
+from marketing_pipelines.db.campaigns import InvalidInput
+
+MAX_TOOL_RESULT_CHARS = 8_000
+
+
+class AgentStopped(RuntimeError):
+    """The loop stopped for a reason that retrying the same run would not fix."""
+
+
+class LeaseLost(RuntimeError):
+    """The row is no longer ours (cancelled, or reclaimed after expiry); stop without writing."""
+
+
+@dataclass
+class RunLimits:
+    max_steps: int
+    deadline: float  # time.monotonic() value
+    is_cancelled: Callable[[], bool] = field(default=lambda: False)
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    text: str
+    steps: int
+    tool_calls: int
+    denials: int
+
+    def as_output(self) -> dict[str, Any]:
+        return {"text": self.text, "steps": self.steps, "tool_calls": self.tool_calls, "denials": self.denials}
+
+
+def run_agent_loop(
+    *,
+    engine: sa.Engine,
+    definition: AgentDefinition,
+    run: sa.RowMapping,
+    provider: ModelProvider,
+    transcript: Transcript,
+    limits: RunLimits,
+    acquire_model_token: Callable[[], None],
+    log: Callable[[str], None] = lambda _: None,
+) -> AgentResult:
+    tools = [TOOLS[name] for name in definition.tools]
+    specs = [tool.spec for tool in tools]
+    captured = frozenset(Grant.from_json(g) for g in run["permissions"])
+    task = definition.task(run["campaign_id"], dict(run["input"]))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": json.dumps(task)}]
+    transcript.add("task", None, task)
+    for step in range(1, limits.max_steps + 1):
+        _check_limits(limits)
+        acquire_model_token()
+        turn = provider.complete(definition.system, messages, specs)
+        transcript.add(
+            "model_turn",
+            provider.name,
+            {
+                "text": turn.text,
+                "tool_calls": [c.__dict__ for c in turn.tool_calls],
+                "stop_reason": turn.stop_reason,
+                "usage": turn.usage,
+            },
+        )
+        messages.append(
+            {"role": "assistant", "content": turn.text, "tool_calls": [c.__dict__ for c in turn.tool_calls]}
+        )
+        if not turn.tool_calls:
+            log(f"Agent {definition.name} finished after {step} model turn(s).")
+            return AgentResult(turn.text, step, transcript.tool_calls, transcript.denials)
+        for call in turn.tool_calls:
+            _check_limits(limits)
+            content, is_error = _call_tool(engine, call, run, captured, transcript, log)
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content, "is_error": is_error}
+            )
+    raise AgentStopped(f"stopped at the step limit ({limits.max_steps} model turns) without a final answer")
+
+
+def _check_limits(limits: RunLimits) -> None:
+    if limits.is_cancelled():
+        raise LeaseLost("the agent run was cancelled or reclaimed; stopping")
+    if time.monotonic() > limits.deadline:
+        raise AgentStopped("stopped at the time limit (max_run_seconds)")
+
+
+def _call_tool(
+    engine: sa.Engine,
+    call: ToolCall,
+    run: sa.RowMapping,
+    captured: frozenset[Grant],
+    transcript: Transcript,
+    log: Callable[[str], None],
+) -> tuple[str, bool]:
+    """Run one tool call as the requester. Returns (content for the model, is_error)."""
+    tool = TOOLS.get(call.name)
+    transcript.add("tool_call", call.name, {"id": call.id, "arguments": call.arguments})
+    if tool is None:
+        return _refuse(transcript, call, f"unknown tool {call.name!r}", log)
+    missing = [p for p in tool.spec.input_schema.get("required", []) if p not in call.arguments]
+    if missing:
+        return _error(transcript, call, f"missing argument(s): {', '.join(missing)}")
+    campaign_id = str(call.arguments.get(tool.campaign_arg, run["campaign_id"]))
+    # Decide and act in one transaction, and write the transcript only after it ends: on
+    # SQLite a second transaction opened inside the first would wait on its own lock.
+    try:
+        with engine.begin() as conn:
+            decision = authorize(conn, run["requested_by"], captured, tool.permission, campaign_id)
+            result = (
+                tool.run(conn, dict(call.arguments), ToolCallContext(run["id"], run["requested_by"]))
+                if decision.allowed
+                else None
+            )
+    except (InvalidInput, ValueError) as exc:  # the tool's own validation; its writes rolled back
+        return _error(transcript, call, str(exc))
+    if not decision.allowed:
+        return _refuse(transcript, call, f"permission {tool.permission} denied: {decision.reason}", log)
+    content = json.dumps(result, default=str)[:MAX_TOOL_RESULT_CHARS]
+    transcript.add("tool_result", call.name, {"id": call.id, "result": result})
+    return content, False
+
+
+def _refuse(transcript: Transcript, call: ToolCall, reason: str, log: Callable[[str], None]) -> tuple[str, bool]:
+    # A denial is an answer to the model, not a crash: it may continue without that tool.
+    transcript.add("denial", call.name, {"id": call.id, "reason": reason})
+    log(f"Tool call {call.name} refused: {reason}")
+    return f"refused: {reason}", True
+
+
+def _error(transcript: Transcript, call: ToolCall, message: str) -> tuple[str, bool]:
+    transcript.add("tool_error", call.name, {"id": call.id, "error": message})
+    return f"error: {message}", True

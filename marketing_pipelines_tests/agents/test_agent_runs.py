@@ -1,0 +1,280 @@
+"""Agent runs end to end: request -> due_work_sensor -> agent_run_job, acting as the requester."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from marketing_pipelines.agents import users
+from marketing_pipelines.agents.jobs import agent_run_job
+from marketing_pipelines.agents.models import ModelGateway
+from marketing_pipelines.agents.providers import AnthropicModel, ModelProvider
+from marketing_pipelines.agents.queue import get_agent_run, request_agent_run, transcript
+from marketing_pipelines.db.campaigns import InvalidInput
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.db.schema import agent_run, marketing_execution
+from marketing_pipelines.work import due_work_sensor
+from marketing_pipelines_tests.factories import add_campaign
+
+ALL_READ = ("campaign:read", "measurement:read", "execution:read")
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
+def people(engine: sa.Engine) -> sa.Engine:
+    add_campaign(engine, "spring-launch")
+    add_campaign(engine, "secret-project")
+    with engine.begin() as conn:
+        users.add_user(conn, "ana")
+        users.add_user(conn, "ben")
+        for permission in (*ALL_READ, "execution:write"):
+            users.grant(conn, "ana", permission)
+        # ben may only read, and only spring-launch.
+        for permission in ALL_READ:
+            users.grant(conn, "ben", permission, "spring-launch")
+    return engine
+
+
+def _request(engine: sa.Engine, **kw: Any) -> int:
+    args: dict[str, Any] = {"agent": "measurement_analyst", "campaign_id": "spring-launch", "requested_by": "ana"}
+    args.update(kw)
+    with engine.begin() as conn:
+        return request_agent_run(conn, **args)
+
+
+def _run_all(db_url: str, instance: dg.DagsterInstance, models: ModelGateway | None = None) -> list[Any]:
+    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
+    result = due_work_sensor(context)
+    requests = [r for r in (result.run_requests or []) if r.job_name == "agent_run_job"]
+    return [
+        agent_run_job.execute_in_process(
+            run_config=r.run_config,
+            tags=r.tags,
+            instance=instance,
+            resources={"app_db": AppDatabase(url=db_url), "models": models or ModelGateway()},
+            raise_on_error=False,
+        )
+        for r in requests
+    ]
+
+
+def _steps(engine: sa.Engine, run_id: int) -> list[tuple[str, str | None]]:
+    with engine.connect() as conn:
+        return [(s["kind"], s["name"]) for s in transcript(conn, run_id)]
+
+
+def _row(engine: sa.Engine, run_id: int) -> sa.RowMapping:
+    with engine.connect() as conn:
+        row = get_agent_run(conn, run_id)
+    assert row is not None
+    return row
+
+
+def test_request_queues_and_never_runs_inline(people: sa.Engine) -> None:
+    run_id = _request(people, input={"propose": {"stage": "launch", "action": "log", "due": "now"}})
+    row = _row(people, run_id)
+    assert row["status"] == "QUEUED" and row["attempts"] == 0
+    assert sorted(map(tuple, row["permissions"])) == sorted([(p, "*") for p in (*ALL_READ, "execution:write")])
+    assert _steps(people, run_id) == []
+
+
+def test_sensor_claims_with_tags_and_runtime_limit(people: sa.Engine, db_url: str, instance: dg.DagsterInstance):
+    run_id = _request(people, max_run_seconds=42)
+    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
+    result = due_work_sensor(context)
+    [request] = result.run_requests
+    assert request.run_key == f"agent_run:{run_id}:1"
+    assert request.tags["marketing/agent_run_id"] == str(run_id)
+    assert request.tags["marketing/requested_by"] == "ana"
+    assert int(request.tags["dagster/max_runtime"]) >= 42
+    # The pool limit was applied to the instance without any manual step.
+    assert instance.event_log_storage.get_concurrency_info("agent_runs").slot_count == 2
+
+
+def test_sensor_claims_no_more_than_the_pool_can_start(
+    people: sa.Engine, db_url: str, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MARKETING_MAX_CONCURRENT_AGENT_RUNS", "2")
+    ids = [_request(people) for _ in range(5)]
+    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
+    first = due_work_sensor(context)
+    assert [r.tags["marketing/agent_run_id"] for r in first.run_requests] == [str(i) for i in ids[:2]]
+    second = due_work_sensor(context)
+    assert isinstance(second, dg.SkipReason)  # both slots are taken until those runs finish
+    with people.connect() as conn:
+        queued = conn.execute(sa.select(sa.func.count()).where(agent_run.c.status == "QUEUED")).scalar_one()
+    assert queued == 3
+
+
+def test_run_succeeds_calls_tools_and_writes_as_the_requester(
+    people: sa.Engine, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    run_id = _request(people, input={"propose": {"stage": "follow-up", "action": "log", "due": "now"}})
+    [result] = _run_all(db_url, instance)
+    assert result.success
+    row = _row(people, run_id)
+    assert row["status"] == "SUCCEEDED" and row["output"]["denials"] == 0
+    kinds = _steps(people, run_id)
+    assert [n for k, n in kinds if k == "tool_result"] == [
+        "read_campaign",
+        "read_measurement",
+        "list_executions",
+        "schedule_execution",
+    ]
+    with people.connect() as conn:
+        scheduled = conn.execute(sa.select(marketing_execution.c.stage, marketing_execution.c.dedupe_key)).all()
+    assert [s.stage for s in scheduled] == ["follow-up"]
+    assert scheduled[0].dedupe_key.startswith(f"agent-run:{run_id}:")
+
+
+def test_denied_write_is_a_refusal_in_the_transcript_not_a_crash(
+    people: sa.Engine, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    run_id = _request(people, requested_by="ben", input={"propose": {"stage": "x", "action": "log", "due": "now"}})
+    [result] = _run_all(db_url, instance)
+    assert result.success
+    row = _row(people, run_id)
+    assert row["status"] == "SUCCEEDED" and row["output"]["denials"] == 1
+    with people.connect() as conn:
+        steps = transcript(conn, run_id)
+        assert conn.execute(sa.select(sa.func.count()).select_from(marketing_execution)).scalar_one() == 0
+    [denial] = [s for s in steps if s["kind"] == "denial"]
+    assert denial["name"] == "schedule_execution"
+    assert "execution:write" in denial["content"]["reason"]
+    assert "schedule_execution was refused" in row["output"]["text"]
+
+
+def test_reads_are_scoped_to_campaigns_the_user_may_see(
+    people: sa.Engine, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    # ben's run is for secret-project, where he holds nothing: every read is refused.
+    with people.begin() as conn:
+        users.grant(conn, "ben", "campaign:read", "secret-project")
+    run_id = _request(people, requested_by="ben", campaign_id="secret-project")
+    [result] = _run_all(db_url, instance)
+    assert result.success
+    steps = _steps(people, run_id)
+    assert ("tool_result", "read_campaign") in steps
+    assert ("denial", "read_measurement") in steps and ("denial", "list_executions") in steps
+
+
+def test_revocation_after_the_request_takes_effect(people: sa.Engine, db_url: str, instance: dg.DagsterInstance):
+    run_id = _request(people, input={"propose": {"stage": "x", "action": "log", "due": "now"}})
+    with people.begin() as conn:
+        assert users.revoke(conn, "ana", "execution:write")
+    [result] = _run_all(db_url, instance)
+    assert result.success
+    with people.connect() as conn:
+        [denial] = [s for s in transcript(conn, run_id) if s["kind"] == "denial"]
+    assert "no longer holds execution:write" in denial["content"]["reason"]
+
+
+def test_inactive_user_run_fails_with_a_clear_reason(people: sa.Engine, db_url: str, instance: dg.DagsterInstance):
+    run_id = _request(people, requested_by="ben")
+    with people.begin() as conn:
+        users.set_active(conn, "ben", False)
+    [result] = _run_all(db_url, instance)
+    assert not result.success
+    row = _row(people, run_id)
+    assert row["status"] == "FAILED" and "ben is not active" in row["error"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"agent": "poet"}, "unknown agent 'poet'"),
+        ({"requested_by": "zoe"}, "unknown user 'zoe'"),
+        ({"campaign_id": "nope"}, "unknown campaign 'nope'"),
+        ({"agent": "campaign_brief", "input": {}}, "needs input field 'stage'"),
+        ({"input": {"colour": "red"}}, "does not take input field(s) colour"),
+        ({"input": {"from": "yesterday"}}, "from 'yesterday' is not a date"),
+        ({"provider": "anthropic", "environ": {}}, "'anthropic' is not configured: set ANTHROPIC_API_KEY"),
+        ({"provider": "llama"}, "unknown model provider 'llama'"),
+        ({"max_run_seconds": 0}, "max_run_seconds must be >= 1"),
+    ],
+)
+def test_bad_requests_are_named_and_nothing_is_written(people: sa.Engine, kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidInput, match=None) as caught:
+        _request(people, **kw)
+    assert message in str(caught.value)
+    with people.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(agent_run)).scalar_one() == 0
+
+
+def test_inactive_user_cannot_request(people: sa.Engine) -> None:
+    with people.begin() as conn:
+        users.set_active(conn, "ben", False)
+    with pytest.raises(InvalidInput, match="not active"):
+        _request(people, requested_by="ben")
+
+
+class MockAnthropicGateway(ModelGateway):
+    """The real Anthropic provider, its HTTP answered by a MockTransport shaped like the API."""
+
+    def provider(self, name: str) -> ModelProvider:
+        calls: list[dict[str, Any]] = []
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            body = json.loads(request.content)
+            calls.append(body)
+            if len(calls) == 1:
+                content = [
+                    {"type": "text", "text": "Let me look at the campaign."},
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_01",
+                        "name": "read_campaign",
+                        "input": {"campaign_id": "spring-launch"},
+                    },
+                ]
+                return httpx.Response(200, json=_message(content, "tool_use"))
+            tool_result = body["messages"][-1]["content"][0]
+            assert tool_result["type"] == "tool_result" and tool_result["tool_use_id"] == "toolu_01"
+            return httpx.Response(200, json=_message([{"type": "text", "text": "Spring launch: ship it."}], "end_turn"))
+
+        class Mocked(AnthropicModel):
+            def _client(self) -> httpx.Client:
+                return httpx.Client(base_url=self.base_url, transport=httpx.MockTransport(answer))
+
+        return Mocked(api_key="test-key")
+
+
+def _message(content: list[dict[str, Any]], stop_reason: str) -> dict[str, Any]:
+    return {
+        "id": "msg_01",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 120, "output_tokens": 30},
+    }
+
+
+def test_anthropic_provider_drives_the_loop_with_tool_use(
+    people: sa.Engine, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    run_id = _request(
+        people,
+        agent="campaign_brief",
+        input={"stage": "launch"},
+        provider="anthropic",
+        environ={"ANTHROPIC_API_KEY": "k"},
+    )
+    [result] = _run_all(db_url, instance, models=MockAnthropicGateway())
+    assert result.success
+    row = _row(people, run_id)
+    assert row["output"]["text"] == "Spring launch: ship it."
+    assert ("tool_result", "read_campaign") in _steps(people, run_id)
