@@ -7,11 +7,13 @@ one line on stderr naming the problem and the fix, with a non-zero exit; never a
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import click
+import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines.db.campaigns import Campaign, InvalidInput, add_campaign, list_campaigns
@@ -99,6 +101,9 @@ def main() -> None:
     Example, from nothing to a finished run:
       marketing-pipelines demo
     """
+    # Dagster flags its own beta parameters on every load; they say nothing to a CLI user.
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
 
 # --- db ---------------------------------------------------------------------------------------

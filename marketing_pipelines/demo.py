@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import sqlalchemy as sa
 
+from marketing_pipelines.agents import users
+from marketing_pipelines.agents.models import ModelGateway
+from marketing_pipelines.agents.queue import list_agent_runs, request_agent_run
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.migrate import upgrade
@@ -107,21 +111,71 @@ def run_demo(days: int = 7, echo: Echo = print) -> None:
                 )
             )
         echo(f"      scheduled executions {scheduled}")
+        requested = _seed_agent_runs(engine, settings)
+        echo(f"      queued agent runs {requested} (ana may schedule executions; ben may only read spring-launch)")
 
         echo("[3/4] due_work_sensor ticks and the runs it launches (Dagster instance in .marketing/dagster_home)")
         with demo_instance() as instance:
-            resources = {"app_db": AppDatabase(url=url), "webhook": WebhookClient(timeout_s=5)}
+            resources = {
+                "app_db": AppDatabase(url=url),
+                "webhook": WebhookClient(timeout_s=5),
+                "models": ModelGateway(),
+            }
             launched = _drain(instance, due_work_sensor, defs, resources, echo)
         echo(f"      {launched} runs finished; the webhook receiver got {len(received)} request(s)")
 
     echo("[4/4] Outcomes")
     with engine.connect() as conn:
         rows = [r for r in list_executions(conn, limit=10_000) if r["id"] in set(scheduled)]
+        runs = [r for r in list_agent_runs(conn, limit=10_000) if r["id"] in set(requested)]
     for row in rows:
         echo(
             f"      execution {row['id']:>4} {row['campaign_id']:<15} {row['stage']:<10} {row['action']:<8} "
             f"{row['status']:<10} attempts={row['attempts']}"
         )
+    for run in sorted(runs, key=lambda r: r["id"]):
+        output = run["output"] or {}
+        echo(
+            f"      agent run {run['id']:>4} {run['agent']:<20} {run['campaign_id']:<15} as {run['requested_by']:<4} "
+            f"{run['status']:<10} tool calls={output.get('tool_calls', 0)} refused={output.get('denials', 0)}"
+            + (f" error={run['error']}" if run["error"] else "")
+        )
+    echo("      See one transcript with: marketing-pipelines agents show " + str(min(requested)))
+
+
+def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> list[int]:
+    """Two users with different permissions, and agent runs that exercise both."""
+    grants = {
+        "ana": [(p, None) for p in ("campaign:read", "measurement:read", "execution:read", "execution:write")],
+        "ben": [(p, "spring-launch") for p in ("campaign:read", "measurement:read", "execution:read")],
+    }
+    tomorrow = (datetime.now(UTC) + timedelta(days=1)).replace(hour=9, minute=0, second=0, microsecond=0)
+    proposal = {"stage": "follow-up", "action": "log", "due": tomorrow.isoformat(), "payload": {"message": "recap"}}
+    with engine.begin() as conn:
+        for user_id, user_grants in grants.items():
+            if users.get_user(conn, user_id) is None:
+                users.add_user(conn, user_id)
+            for permission, campaign_id in user_grants:
+                users.grant(conn, user_id, permission, campaign_id)
+        requests = [
+            ("measurement_analyst", "spring-launch", "ana", {"propose": proposal}),
+            ("campaign_brief", "spring-launch", "ben", {"stage": "launch", "tone": "playful"}),
+            # ben may not write, and may not read dev-tools-beta: both show up as refusals.
+            ("measurement_analyst", "spring-launch", "ben", {"propose": proposal}),
+            ("campaign_brief", "dev-tools-beta", "ben", {"stage": "awareness"}),
+        ]
+        return [
+            request_agent_run(
+                conn,
+                agent=agent,
+                campaign_id=campaign_id,
+                requested_by=user_id,
+                input=given,
+                provider="offline",
+                max_run_seconds=settings.agent_max_run_seconds,
+            )
+            for agent, campaign_id, user_id, given in requests
+        ]
 
 
 def _drain(

@@ -142,7 +142,7 @@ def _refuse(transcript: Transcript, call: ToolCall, reason: str, log: Callable[[
     # A denial is an answer to the model, not a crash: it may continue without that tool.
     transcript.add("denial", call.name, {"id": call.id, "reason": reason})
     log(f"Tool call {call.name} refused: {reason}")
-    return f"refused: {reason}", True
+    return reason, True
 
 
 def _error(transcript: Transcript, call: ToolCall, message: str) -> tuple[str, bool]:
