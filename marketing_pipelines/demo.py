@@ -29,6 +29,7 @@ from marketing_pipelines.db.migrate import upgrade
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.queue import list_executions, schedule_execution
+from marketing_pipelines.measurement.demo import run_measurement_demo
 from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings
 
 Echo = Callable[[str], None]
@@ -114,8 +115,10 @@ def run_demo(days: int = 7, echo: Echo = print) -> None:
         requested = _seed_agent_runs(engine, settings)
         echo(f"      queued agent runs {requested} (ana may schedule executions; ben may only read spring-launch)")
 
-        echo("[3/4] due_work_sensor ticks and the runs it launches (Dagster instance in .marketing/dagster_home)")
+        echo("[3/4] Measurement, then due_work_sensor ticks and the runs it launches (.marketing/dagster_home)")
         with demo_instance() as instance:
+            # Measurement first, so the agents' read_measurement tool finds the rollup.
+            run_measurement_demo(engine, instance, echo, days)
             resources = {
                 "app_db": AppDatabase(url=url),
                 "webhook": WebhookClient(timeout_s=5),

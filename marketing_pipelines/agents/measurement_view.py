@@ -1,7 +1,7 @@
-"""What the agents' ``read_measurement`` tool sees: a campaign's rollup over a date range.
+"""What the agents' ``read_measurement`` tool sees: the measurement report over a date range.
 
-Reads only the rollup table (never raw events), so a tool call costs the same however many
-events a campaign has.
+It is the same report analysts get (``measurement.report``), which reads only the rollup, so a
+tool call costs the same however many raw events a campaign has.
 """
 
 from __future__ import annotations
@@ -11,26 +11,31 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from marketing_pipelines.db.schema import metadata
+from marketing_pipelines.measurement.report import measurement_report
 
 NO_MEASUREMENT = "no measurement yet"
 
 
 def summarize(conn: sa.Connection, campaign_id: str, start: date, end: date) -> dict[str, Any]:
-    rollup = metadata.tables.get("measurement_daily_rollup")
-    if rollup is None:
-        return {"campaign_id": campaign_id, "status": NO_MEASUREMENT}
-    rows = conn.execute(
-        sa.select(rollup.c.stage, rollup.c.event_type, sa.func.sum(rollup.c.raw_count).label("raw_count"))
-        .where(rollup.c.campaign_id == campaign_id, rollup.c.day >= start, rollup.c.day <= end)
-        .group_by(rollup.c.stage, rollup.c.event_type)
-        .order_by(rollup.c.stage, rollup.c.event_type)
-    ).all()
-    if not rows:
-        return {"campaign_id": campaign_id, "from": start.isoformat(), "to": end.isoformat(), "status": NO_MEASUREMENT}
+    report = measurement_report(conn, campaign_id, start, end)
+    window = {"campaign_id": campaign_id, "from": start.isoformat(), "to": end.isoformat()}
+    if not report.totals:
+        return {**window, "status": NO_MEASUREMENT}
     return {
-        "campaign_id": campaign_id,
-        "from": start.isoformat(),
-        "to": end.isoformat(),
-        "rows": [{"stage": r.stage, "event_type": r.event_type, "raw_count": int(r.raw_count)} for r in rows],
+        **window,
+        "totals": [
+            {
+                "source": t.source,
+                "stage": t.stage,
+                "event_type": t.event_type,
+                "raw_count": t.raw_count,
+                "unique_actors": t.unique_actors,
+                "unique_actors_exact": t.unique_actors_exact,
+            }
+            for t in report.totals
+        ],
+        "funnel": [
+            {"stage": f.stage, "unique_actors": f.unique_actors, "from_previous": f.from_previous}
+            for f in report.funnel
+        ],
     }

@@ -166,3 +166,108 @@ model_token_bucket = sa.Table(
     sa.CheckConstraint("refill_per_second > 0", name="refill"),
     sa.CheckConstraint("tokens >= 0", name="tokens"),
 )
+
+# --- measurement -----------------------------------------------------------------------------
+
+# Origins of rollup rows: first-party events, and the two importers.
+ROLLUP_SOURCES = ("first_party", "site_analytics", "github_releases")
+
+marketing_event = sa.Table(
+    "marketing_event",
+    metadata,
+    sa.Column("event_id", sa.String(200), primary_key=True, comment="Caller's id; the dedupe key"),
+    sa.Column("campaign_id", sa.String(64), sa.ForeignKey("campaign.id"), nullable=False),
+    sa.Column("stage", sa.String(64), nullable=False),
+    sa.Column("event_type", sa.String(64), nullable=False),
+    sa.Column("actor_id", sa.String(200), nullable=True),
+    sa.Column("occurred_at", UTCDateTime(), nullable=False),
+    sa.Column("source", sa.String(64), nullable=False),
+    sa.Column("properties", JSONType, nullable=False),
+    sa.Column("ingested_at", UTCDateTime(), nullable=False),
+    # "One day of events" is a range on occurred_at; the rollup groups the day by campaign.
+    sa.Index("ix_marketing_event_occurred_at", "occurred_at", "campaign_id"),
+    # "Events ingested since" for the late-events sensor.
+    sa.Index("ix_marketing_event_ingested_at", "ingested_at"),
+)
+
+marketing_event_reject = sa.Table(
+    "marketing_event_reject",
+    metadata,
+    sa.Column("id", BigIntId, primary_key=True, autoincrement=True),
+    sa.Column("file", sa.String(1000), nullable=False),
+    sa.Column("line_number", sa.Integer, nullable=False),
+    sa.Column("raw", sa.Text, nullable=False, comment="The line as read, cut to 4000 characters"),
+    sa.Column("raw_sha256", sa.String(64), nullable=False),
+    sa.Column("reason", sa.String(500), nullable=False),
+    sa.Column("rejected_at", UTCDateTime(), nullable=False),
+    # Loading the same file twice must add nothing, rejects included; the hash keeps a changed line distinct.
+    sa.UniqueConstraint("file", "line_number", "raw_sha256"),
+)
+
+site_analytics_daily = sa.Table(
+    "site_analytics_daily",
+    metadata,
+    sa.Column("day", sa.Date, primary_key=True, comment="Day in the Plausible site's time zone"),
+    sa.Column("utm_campaign", sa.String(200), primary_key=True),
+    sa.Column("page", sa.String(1000), primary_key=True),
+    sa.Column("visitors", sa.BigInteger, nullable=False),
+    sa.Column("pageviews", sa.BigInteger, nullable=False),
+    sa.Column("fetched_at", UTCDateTime(), nullable=False),
+)
+
+github_release_asset_snapshot = sa.Table(
+    "github_release_asset_snapshot",
+    metadata,
+    sa.Column("asset_id", sa.BigInteger, primary_key=True),
+    sa.Column("day", sa.Date, primary_key=True, comment="Partition day the snapshot stands for (its end)"),
+    sa.Column("repo", sa.String(200), nullable=False),
+    sa.Column("release_id", sa.BigInteger, nullable=False),
+    sa.Column("release_tag", sa.String(200), nullable=False),
+    sa.Column("asset_name", sa.String(500), nullable=False),
+    sa.Column("download_count", sa.BigInteger, nullable=False, comment="Cumulative, as GitHub reported it"),
+    sa.Column("fetched_at", UTCDateTime(), nullable=False),
+    sa.Index("ix_github_release_asset_snapshot_repo", "repo", "day"),
+)
+
+github_release_download_daily = sa.Table(
+    "github_release_download_daily",
+    metadata,
+    sa.Column("day", sa.Date, primary_key=True),
+    sa.Column("asset_id", sa.BigInteger, primary_key=True),
+    sa.Column("repo", sa.String(200), nullable=False),
+    sa.Column("release_tag", sa.String(200), nullable=False),
+    sa.Column("asset_name", sa.String(500), nullable=False),
+    sa.Column("download_count", sa.BigInteger, nullable=False),
+    sa.Column("downloads", sa.BigInteger, nullable=False, comment="Delta since the previous snapshot, >= 0"),
+    sa.Column("raw_delta", sa.BigInteger, nullable=False),
+    sa.Column("baseline", sa.Boolean, nullable=False, comment="First snapshot of the repo: no delta known"),
+    sa.Column("negative_clamped", sa.Boolean, nullable=False),
+    sa.CheckConstraint("downloads >= 0", name="downloads"),
+    sa.Index("ix_github_release_download_daily_repo", "repo", "day"),
+)
+
+github_repo_etag = sa.Table(
+    "github_repo_etag",
+    metadata,
+    sa.Column("repo", sa.String(200), primary_key=True),
+    sa.Column("etag", sa.String(500), nullable=False),
+    sa.Column("snapshot_day", sa.Date, nullable=False, comment="Snapshot day holding the counts this ETag stands for"),
+    sa.Column("fetched_at", UTCDateTime(), nullable=False),
+)
+
+measurement_daily_rollup = sa.Table(
+    "measurement_daily_rollup",
+    metadata,
+    sa.Column("day", sa.Date, primary_key=True, comment="UTC day"),
+    sa.Column("campaign_id", sa.String(64), sa.ForeignKey("campaign.id"), primary_key=True),
+    sa.Column("source", sa.String(32), primary_key=True),
+    sa.Column("stage", sa.String(64), primary_key=True),
+    sa.Column("event_type", sa.String(64), primary_key=True),
+    sa.Column("raw_count", sa.BigInteger, nullable=False),
+    sa.Column("unique_actors", sa.BigInteger, nullable=True, comment="Exact distinct actors that day; NULL: unknown"),
+    sa.Column("actors_hll", sa.LargeBinary, nullable=True, comment="Serialized DataSketches HLL of the actor ids"),
+    sa.Column("rolled_up_at", UTCDateTime(), nullable=False),
+    sa.CheckConstraint(f"source IN {ROLLUP_SOURCES!r}", name="source"),
+    # The report reads one campaign over a range of days.
+    sa.Index("ix_measurement_daily_rollup_campaign_day", "campaign_id", "day"),
+)

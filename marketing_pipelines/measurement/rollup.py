@@ -1,0 +1,278 @@
+"""The daily rollup's SQL: one UTC day of events and imports, aggregated in the database, replaced in one transaction.
+
+The day boundary is UTC: a day holds events with ``occurred_at`` in [day 00:00 UTC, next day 00:00 UTC).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+
+import sqlalchemy as sa
+
+from marketing_pipelines.db.engine import is_postgres
+from marketing_pipelines.db.schema import (
+    campaign,
+    github_release_download_daily,
+    marketing_event,
+    measurement_daily_rollup,
+    site_analytics_daily,
+)
+from marketing_pipelines.db.types import UTCDateTime
+from marketing_pipelines.measurement import sketches
+
+FIRST_PARTY = "first_party"
+SITE_ANALYTICS = "site_analytics"
+GITHUB_RELEASES = "github_releases"
+# Importer rows get a fixed stage and event type so they sit beside first-party rows in one table.
+SITE_STAGE, SITE_EVENT_TYPE = "site", "pageview"
+RELEASE_STAGE, RELEASE_EVENT_TYPE = "release", "download"
+
+RowKey = tuple[str, str, str]  # campaign_id, stage, event_type
+
+
+def day_bounds(day: date) -> tuple[datetime, datetime]:
+    start = datetime.combine(day, time.min, tzinfo=UTC)
+    return start, start + timedelta(days=1)
+
+
+def _in_day(day: date) -> sa.ColumnElement[bool]:
+    start, end = day_bounds(day)
+    return sa.and_(marketing_event.c.occurred_at >= start, marketing_event.c.occurred_at < end)
+
+
+@dataclass(frozen=True)
+class FirstPartyAggregate:
+    campaign_id: str
+    stage: str
+    event_type: str
+    raw_count: int
+    unique_actors: int
+
+
+def first_party_aggregates(conn: sa.Connection, day: date) -> list[FirstPartyAggregate]:
+    """Counts and exact distinct actors per (campaign, stage, event type) of one day, grouped in the database."""
+    e = marketing_event
+    rows = conn.execute(
+        sa.select(
+            e.c.campaign_id,
+            e.c.stage,
+            e.c.event_type,
+            sa.func.count().label("raw_count"),
+            sa.func.count(sa.distinct(e.c.actor_id)).label("unique_actors"),
+        )
+        .where(_in_day(day))
+        .group_by(e.c.campaign_id, e.c.stage, e.c.event_type)
+    )
+    return [FirstPartyAggregate(*row) for row in rows]
+
+
+def first_party_sketches(conn: sa.Connection, day: date) -> dict[RowKey, bytes]:
+    """The serialized HLL of each (campaign, stage, event type)'s actors on one day.
+
+    This is the rollup's only pass in Python, and it reads distinct actors, not events: the
+    database deduplicates, so the rows fetched are bounded by the distinct actors of the day.
+    """
+    e = marketing_event
+    query = (
+        sa.select(e.c.campaign_id, e.c.stage, e.c.event_type, e.c.actor_id)
+        .where(_in_day(day), e.c.actor_id.is_not(None))
+        .distinct()
+    )
+    built: dict[RowKey, sketches.datasketches.hll_sketch] = {}
+    for campaign_id, stage, event_type, actor_id in conn.execute(query.execution_options(yield_per=10_000)):
+        key = (campaign_id, stage, event_type)
+        sketch = built.get(key)
+        if sketch is None:
+            sketch = built[key] = sketches.new_sketch()
+        sketch.update(actor_id)
+    return {key: sketches.serialize(sketch) for key, sketch in built.items()}
+
+
+def _importer_rows(
+    day: date,
+    now: datetime,
+    source: str,
+    stage: str,
+    event_type: str,
+    total: sa.ColumnElement[int],
+    join: sa.FromClause,
+) -> sa.Select[tuple[object, ...]]:
+    return (
+        sa.select(
+            sa.literal(day, sa.Date).label("day"),
+            campaign.c.id.label("campaign_id"),
+            sa.literal(source).label("source"),
+            sa.literal(stage).label("stage"),
+            sa.literal(event_type).label("event_type"),
+            sa.func.sum(total).label("raw_count"),
+            # Unknown, not zero: downloads carry no actor, and Plausible's per-page visitors do not add up to visitors.
+            sa.null().label("unique_actors"),
+            sa.null().label("actors_hll"),
+            sa.literal(now, UTCDateTime()).label("rolled_up_at"),
+        )
+        .select_from(join)
+        .group_by(campaign.c.id)
+    )
+
+
+_ROLLUP_COLUMNS = [
+    "day",
+    "campaign_id",
+    "source",
+    "stage",
+    "event_type",
+    "raw_count",
+    "unique_actors",
+    "actors_hll",
+    "rolled_up_at",
+]
+
+
+@dataclass(frozen=True)
+class RollupSummary:
+    day: date
+    rows: int
+    first_party_rows: int
+    first_party_events: int
+    unique_actors_sum: int
+    site_pageviews: int
+    downloads: int
+    campaigns: int
+
+
+@contextmanager
+def partition_transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """One transaction that sees one snapshot of the events for all its statements.
+
+    On PostgreSQL READ COMMITTED would let an event committed between the count query and the
+    sketch query land in one but not the other; REPEATABLE READ reads both from one snapshot.
+    SQLite's BEGIN IMMEDIATE already excludes every other writer for the transaction.
+    """
+    with engine.connect() as conn:
+        if is_postgres(conn):
+            conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            yield conn
+
+
+def replace_rollup_day(engine: sa.Engine, day: date) -> RollupSummary:
+    """Rebuild one day of ``measurement_daily_rollup``.
+
+    Idempotent: the day's rows are deleted and rebuilt from the sources in one transaction, so
+    a re-run (retry, backfill, late events) replaces the day and never adds to it.
+    """
+    now = datetime.now(UTC)
+    r = measurement_daily_rollup
+    with partition_transaction(engine) as conn:
+        aggregates = first_party_aggregates(conn, day)
+        hlls = first_party_sketches(conn, day)
+        conn.execute(sa.delete(r).where(r.c.day == day))
+        if aggregates:
+            conn.execute(
+                sa.insert(r),
+                [
+                    {
+                        "day": day,
+                        "campaign_id": a.campaign_id,
+                        "source": FIRST_PARTY,
+                        "stage": a.stage,
+                        "event_type": a.event_type,
+                        "raw_count": a.raw_count,
+                        "unique_actors": a.unique_actors,
+                        "actors_hll": hlls.get((a.campaign_id, a.stage, a.event_type)),
+                        "rolled_up_at": now,
+                    }
+                    for a in aggregates
+                ],
+            )
+        s, g = site_analytics_daily, github_release_download_daily
+        conn.execute(
+            sa.insert(r).from_select(
+                _ROLLUP_COLUMNS,
+                _importer_rows(
+                    day,
+                    now,
+                    SITE_ANALYTICS,
+                    SITE_STAGE,
+                    SITE_EVENT_TYPE,
+                    s.c.pageviews,
+                    s.join(campaign, campaign.c.utm_campaign == s.c.utm_campaign),
+                ).where(s.c.day == day),
+            )
+        )
+        conn.execute(
+            sa.insert(r).from_select(
+                _ROLLUP_COLUMNS,
+                _importer_rows(
+                    day,
+                    now,
+                    GITHUB_RELEASES,
+                    RELEASE_STAGE,
+                    RELEASE_EVENT_TYPE,
+                    g.c.downloads,
+                    g.join(campaign, campaign.c.github_repo == g.c.repo),
+                    # A baseline row's downloads are unknown (no earlier snapshot), so it is left out, not counted as 0.
+                ).where(g.c.day == day, g.c.baseline.is_(False)),
+            )
+        )
+        totals = conn.execute(
+            sa.select(
+                r.c.source,
+                sa.func.count().label("rows"),
+                sa.func.coalesce(sa.func.sum(r.c.raw_count), 0).label("raw_count"),
+                sa.func.coalesce(sa.func.sum(r.c.unique_actors), 0).label("unique_actors"),
+            )
+            .where(r.c.day == day)
+            .group_by(r.c.source)
+        ).all()
+        campaigns = conn.execute(sa.select(sa.func.count(sa.distinct(r.c.campaign_id))).where(r.c.day == day)).scalar()
+    by_source = {t.source: t for t in totals}
+
+    def total(source: str, field: str) -> int:
+        row = by_source.get(source)
+        return int(getattr(row, field)) if row is not None else 0
+
+    return RollupSummary(
+        day=day,
+        rows=sum(t.rows for t in totals),
+        first_party_rows=total(FIRST_PARTY, "rows"),
+        first_party_events=total(FIRST_PARTY, "raw_count"),
+        unique_actors_sum=total(FIRST_PARTY, "unique_actors"),
+        site_pageviews=total(SITE_ANALYTICS, "raw_count"),
+        downloads=total(GITHUB_RELEASES, "raw_count"),
+        campaigns=int(campaigns or 0),
+    )
+
+
+def event_count(conn: sa.Connection, day: date) -> int:
+    return int(conn.execute(sa.select(sa.func.count()).select_from(marketing_event).where(_in_day(day))).scalar_one())
+
+
+def rollup_first_party_total(conn: sa.Connection, day: date) -> int:
+    r = measurement_daily_rollup
+    return int(
+        conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(r.c.raw_count), 0)).where(r.c.day == day, r.c.source == FIRST_PARTY)
+        ).scalar_one()
+    )
+
+
+def utc_day(column: sa.ColumnElement[datetime], dialect: sa.Dialect) -> sa.ColumnElement[date]:
+    """The UTC calendar day of a timestamp column, computed in the database."""
+    if dialect.name == "postgresql":
+        return sa.type_coerce(sa.func.date(sa.func.timezone("UTC", column)), sa.Date)
+    # SQLite stores UTCDateTime as naive UTC text, whose date() is the UTC day.
+    return sa.type_coerce(sa.func.date(column), sa.Date)
+
+
+def days_with_events_ingested(conn: sa.Connection, since: datetime | None, until: datetime) -> dict[date, int]:
+    """UTC days of the events ingested in (since, until], with how many events each; served by the ingested_at index."""
+    e = marketing_event
+    day = utc_day(e.c.occurred_at, conn.dialect).label("day")
+    query = sa.select(day, sa.func.count()).where(e.c.ingested_at <= until).group_by(day)
+    if since is not None:
+        query = query.where(e.c.ingested_at > since)
+    return {row[0]: int(row[1]) for row in conn.execute(query)}

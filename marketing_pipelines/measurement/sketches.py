@@ -1,0 +1,56 @@
+"""HyperLogLog sketches of actor ids (Apache DataSketches): build, serialize, merge.
+
+Distinct counts do not add up across days (an actor active on two days is one actor), so each
+rollup row stores the HLL of its actors and a range's unique actors is the union of the rows'
+sketches. With ``LG_K = 12`` the relative standard error is about 1.6 %; up to a few hundred
+actors the sketch is still in its exact coupon mode and the estimate rounds to the true count.
+``marketing_pipelines_tests/measurement/test_sketches.py`` measures it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import datasketches
+
+LG_K = 12
+# HLL_4 is the most compact on disk (about 2 KB per full sketch at LG_K 12) and merges the same as HLL_8.
+TGT_TYPE = datasketches.tgt_hll_type.HLL_4
+
+
+def new_sketch() -> datasketches.hll_sketch:
+    return datasketches.hll_sketch(LG_K, TGT_TYPE)
+
+
+def sketch_of(actor_ids: Iterable[str]) -> datasketches.hll_sketch:
+    sketch = new_sketch()
+    for actor_id in actor_ids:
+        sketch.update(actor_id)
+    return sketch
+
+
+def serialize(sketch: datasketches.hll_sketch) -> bytes:
+    return bytes(sketch.serialize_compact())
+
+
+def deserialize(data: bytes) -> datasketches.hll_sketch:
+    return datasketches.hll_sketch.deserialize(data)
+
+
+def merge(serialized: Iterable[bytes | None]) -> datasketches.hll_sketch:
+    """The union of serialized sketches; None entries (rows without actors) are skipped."""
+    union = datasketches.hll_union(LG_K)
+    for data in serialized:
+        if data is not None:
+            union.update(deserialize(data))
+    return union.get_result(TGT_TYPE)
+
+
+def estimate(sketch: datasketches.hll_sketch) -> int:
+    return round(sketch.get_estimate())
+
+
+def bounds(sketch: datasketches.hll_sketch, std_devs: int = 2) -> tuple[int, int]:
+    """A confidence interval of the estimate (2 standard deviations is about 95 %)."""
+    return math.floor(sketch.get_lower_bound(std_devs)), math.ceil(sketch.get_upper_bound(std_devs))

@@ -1,0 +1,224 @@
+"""The importer assets on real databases, with the HTTP clients answered by httpx.MockTransport."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import dagster as dg
+import httpx
+import sqlalchemy as sa
+
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.db.schema import (
+    github_release_asset_snapshot,
+    github_release_download_daily,
+    measurement_daily_rollup,
+    site_analytics_daily,
+)
+from marketing_pipelines.measurement import assets
+from marketing_pipelines.measurement.assets import NOT_CONFIGURED, github_release_downloads_daily
+from marketing_pipelines.measurement.checks import check_no_unflagged_negative_delta
+from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
+from marketing_pipelines.measurement.importers.plausible import PlausibleClient
+from marketing_pipelines.measurement.imports import import_repo_day
+from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.measurement.test_importers import github_asset, github_release
+
+REPO = "acme/widget"
+site_asset, rollup_asset = assets.site_analytics_daily, assets.measurement_daily_rollup
+Handler = Any
+
+
+class Api:
+    """A fake API: answers with ``self.handler`` and keeps every request."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.requests: list[httpx.Request] = []
+
+    def transport(self) -> httpx.MockTransport:
+        def answer(request: httpx.Request) -> httpx.Response:
+            self.requests.append(request)
+            return self.handler(request)
+
+        return httpx.MockTransport(answer)
+
+
+def mocked_plausible(api: Api) -> PlausibleClient:
+    class MockedPlausible(PlausibleClient):
+        def _client(self) -> httpx.Client:
+            return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, transport=api.transport())
+
+    return MockedPlausible(api_key="key", site_id="example.com")
+
+
+def mocked_github(api: Api) -> GitHubReleasesClient:
+    class MockedGitHub(GitHubReleasesClient):
+        def _client(self) -> httpx.Client:
+            return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, transport=api.transport())
+
+        def _sleep(self, seconds: float) -> None:
+            pass
+
+    return MockedGitHub(token="ghp_test")
+
+
+def releases(counts: dict[int, int], etag: str = '"v1"') -> httpx.Response:
+    listed = [github_asset(asset_id, f"widget-{asset_id}.tar.gz", n) for asset_id, n in counts.items()]
+    return httpx.Response(200, json=[github_release(10, "v1.0.0", listed)], headers={"etag": etag})
+
+
+def plausible_rows(day: date, rows: list[tuple[str, str, int, int]]) -> httpx.Response:
+    return httpx.Response(
+        200,
+        json={
+            "results": [{"dimensions": [day.isoformat(), c, p], "metrics": [v, pv]} for c, p, v, pv in rows],
+            "meta": {},
+            "query": {},
+        },
+    )
+
+
+def materialize(
+    selection: list[Any], db_url: str, day: date, instance: dg.DagsterInstance | None = None, **clients: Any
+) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        selection,
+        partition_key=day.isoformat(),
+        instance=instance or dg.DagsterInstance.ephemeral(),
+        resources={
+            "app_db": AppDatabase(url=db_url),
+            "plausible": clients.get("plausible", PlausibleClient()),
+            "github": clients.get("github", GitHubReleasesClient()),
+        },
+    )
+
+
+def metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
+    [materialization] = result.asset_materializations_for_node(asset)
+    return {k: getattr(v, "value", v) for k, v in materialization.metadata.items()}
+
+
+def test_unconfigured_importers_report_it_and_the_rollup_still_runs(engine: sa.Engine, db_url: str) -> None:
+    add_campaign(engine, "alpha", utm_campaign="alpha26", github_repo=REPO)
+    result = materialize([site_asset, github_release_downloads_daily, rollup_asset], db_url, date(2026, 11, 26))
+    assert result.success
+    site, github = metadata(result, "site_analytics_daily"), metadata(result, "github_release_downloads_daily")
+    assert (site["status"], site["rows"]) == (NOT_CONFIGURED, 0)
+    assert "PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID" in site["reason"]
+    assert github["status"] == NOT_CONFIGURED and "GITHUB_TOKEN" in github["reason"]
+    assert metadata(result, "measurement_daily_rollup")["rows"] == 0
+
+
+def test_site_analytics_replaces_its_day_and_maps_by_utm_campaign(engine: sa.Engine, db_url: str) -> None:
+    add_campaign(engine, "alpha", utm_campaign="alpha26")
+    day = date(2026, 11, 26)
+    answers = [
+        [("alpha26", "/", 30, 41), ("alpha26", "/pricing", 5, 6), ("stray", "/", 1, 1)],
+        [("alpha26", "/", 31, 44)],  # Plausible revised the day; a re-run must replace, not add
+    ]
+    api = Api(lambda request: plausible_rows(day, answers[min(len(api.requests), 2) - 1]))
+    first = materialize([site_asset], db_url, day, plausible=mocked_plausible(api))
+    assert {"rows": 3, "pageviews": 48, "unmapped_utm_campaigns": 1}.items() <= metadata(
+        first, "site_analytics_daily"
+    ).items()
+    assert json.loads(api.requests[0].content)["date_range"] == [day.isoformat()] * 2
+
+    second = materialize([site_asset, rollup_asset], db_url, day, plausible=mocked_plausible(api))
+    assert second.success
+    t, r = site_analytics_daily, measurement_daily_rollup
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(t.c.utm_campaign, t.c.page, t.c.pageviews)).all() == [("alpha26", "/", 44)]
+        assert conn.execute(sa.select(r.c.campaign_id, r.c.source, r.c.raw_count, r.c.unique_actors)).all() == [
+            ("alpha", "site_analytics", 44, None)
+        ]
+
+
+def deltas(engine: sa.Engine, day: date) -> dict[int, tuple[int, int, bool, bool]]:
+    g = github_release_download_daily
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(g.c.asset_id, g.c.downloads, g.c.raw_delta, g.c.baseline, g.c.negative_clamped).where(
+                g.c.day == day
+            )
+        )
+        return {row[0]: tuple(row[1:]) for row in rows}
+
+
+def test_download_deltas_across_days(engine: sa.Engine) -> None:
+    add_campaign(engine, "alpha", github_repo=REPO)
+    days = [date(2026, 11, 24) + timedelta(days=i) for i in range(4)]
+    soon_after = {
+        d: datetime.combine(d + timedelta(days=1), datetime.min.time(), tzinfo=UTC) + timedelta(minutes=15)
+        for d in days
+    }
+    answers: list[Any] = [
+        releases({1: 100, 2: 50}, '"d1"'),
+        # Asset 1 was deleted and re-uploaded as 4 (its count restarts); asset 2's count went down.
+        releases({2: 40, 4: 5}, '"d2"'),
+    ]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.headers.get("if-none-match") == '"d2"':
+            return httpx.Response(304, headers={"etag": '"d2"'})
+        return answers.pop(0)
+
+    api = Api(handler)
+    client = mocked_github(api)
+
+    first = import_repo_day(engine, client, REPO, days[0], now=soon_after[days[0]])
+    assert (first.snapshot, first.baseline, first.downloads) == ("fetched", True, 0)
+    assert deltas(engine, days[0]) == {1: (0, 0, True, False), 2: (0, 0, True, False)}
+
+    second = import_repo_day(engine, client, REPO, days[1], now=soon_after[days[1]])
+    assert deltas(engine, days[1]) == {2: (0, -10, False, True), 4: (5, 5, False, False)}
+    assert (second.downloads, second.negative_clamped) == (5, 1)
+
+    third = import_repo_day(engine, client, REPO, days[2], now=soon_after[days[2]])
+    assert third.snapshot == "not_modified"
+    assert api.requests[-1].headers["if-none-match"] == '"d2"'
+    assert deltas(engine, days[2]) == {2: (0, 0, False, False), 4: (0, 0, False, False)}
+
+    # A day that ended long ago cannot be snapshotted: nothing is fetched or written.
+    requests_before = len(api.requests)
+    old = import_repo_day(engine, client, REPO, date(2026, 11, 1), now=soon_after[days[3]])
+    assert (old.snapshot, old.deltas, len(api.requests)) == ("missing", (), requests_before)
+    # Re-running an old day that has a snapshot re-derives it from storage, identically.
+    again = import_repo_day(engine, client, REPO, days[1], now=soon_after[days[3]])
+    assert again.snapshot == "stored" and deltas(engine, days[1]) == {2: (0, -10, False, True), 4: (5, 5, False, False)}
+
+    with engine.connect() as conn:
+        assert check_no_unflagged_negative_delta(conn, days[1]).passed
+    with engine.begin() as conn:
+        g = github_release_download_daily
+        conn.execute(sa.update(g).where(g.c.day == days[1], g.c.asset_id == 2).values(negative_clamped=False))
+    with engine.connect() as conn:
+        assert not check_no_unflagged_negative_delta(conn, days[1]).passed
+
+
+def test_github_asset_yesterday_then_today(engine: sa.Engine, db_url: str) -> None:
+    add_campaign(engine, "alpha", github_repo=REPO)
+    add_campaign(engine, "bravo")  # no repository: not asked for
+    today = datetime.now(UTC).date()
+    answers = [releases({7: 1000}, '"a"'), releases({7: 1012}, '"b"')]
+    api = Api(lambda request: answers.pop(0))
+    instance = dg.DagsterInstance.ephemeral()
+    selection = [github_release_downloads_daily, rollup_asset]
+
+    first = materialize(selection, db_url, today - timedelta(days=1), instance, github=mocked_github(api))
+    expected = {"rows": 1, "repos_baseline": 1, "downloads": 0}
+    assert expected.items() <= metadata(first, "github_release_downloads_daily").items()
+    second = materialize(selection, db_url, today, instance, github=mocked_github(api))
+    assert metadata(second, "github_release_downloads_daily")["downloads"] == 12
+    assert all(c.passed for c in second.get_asset_check_evaluations())
+    assert [str(r.url) for r in api.requests] == [f"https://api.github.com/repos/{REPO}/releases?per_page=100"] * 2
+
+    r = measurement_daily_rollup
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(r.c.day, r.c.campaign_id, r.c.raw_count, r.c.unique_actors, r.c.source)).all()
+        snapshots = conn.execute(sa.select(sa.func.count()).select_from(github_release_asset_snapshot)).scalar()
+    # The baseline day has no known downloads, so it has no rollup row; today has 12, actors unknown (NULL).
+    assert rows == [(today, "alpha", 12, None, "github_releases")]
+    assert snapshots == 2

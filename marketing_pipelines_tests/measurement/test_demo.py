@@ -1,0 +1,31 @@
+"""The measurement demo runs on a fresh database, and a second run adds nothing."""
+
+from __future__ import annotations
+
+import dagster as dg
+import sqlalchemy as sa
+
+from marketing_pipelines.db.engine import get_engine
+from marketing_pipelines.db.schema import marketing_event, measurement_daily_rollup
+from marketing_pipelines.measurement.demo import run_measurement_demo
+
+
+def counts(engine: sa.Engine) -> tuple[int, int, int]:
+    with engine.connect() as conn:
+        events = conn.execute(sa.select(sa.func.count()).select_from(marketing_event)).scalar_one()
+        rows, total = conn.execute(sa.select(sa.func.count(), sa.func.sum(measurement_daily_rollup.c.raw_count))).one()
+    return events, rows, total
+
+
+def test_demo_is_safe_to_run_twice(sqlite_url: str) -> None:
+    engine = get_engine(sqlite_url)
+    lines: list[str] = []
+    with dg.DagsterInstance.ephemeral() as instance:
+        run_measurement_demo(engine, instance, lines.append, days=2)
+        first = counts(engine)
+        run_measurement_demo(engine, instance, lines.append, days=2)
+    assert first[0] > 0 and first[0] == first[2]
+    assert counts(engine) == first
+    assert any("0 recorded" in line for line in lines)
+    assert sum("Funnel" in line for line in lines) == 4
+    assert all("not configured" in line for line in lines if "SUCCESS" in line or "FAILURE" in line)
