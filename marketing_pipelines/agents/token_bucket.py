@@ -12,6 +12,7 @@ uses this process's clock.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,17 +47,30 @@ class BucketState:
         return self.refill_per_second * 60
 
 
-def _refilled(conn: sa.Connection) -> tuple[sa.ColumnElement[float], sa.ColumnElement[datetime]]:
-    """(tokens after refill up to now, the new updated_at), as SQL expressions on the row."""
-    if conn.dialect.name == "postgresql":
+@functools.cache
+def _acquire_statement(dialect: str) -> sa.Update:
+    """The acquire UPDATE for one dialect, built once: it runs on every model call.
+
+    Parameters: ``provider_name``, ``n`` and, on SQLite, ``now``. The refill (tokens plus elapsed
+    time times rate, capped at capacity) is computed from the row's own columns in the statement.
+    """
+    if dialect == "postgresql":
         now: sa.ColumnElement[datetime] = sa.func.now()
         elapsed = sa.func.greatest(0.0, sa.extract("epoch", now - bucket.c.updated_at))
         tokens = sa.func.least(bucket.c.capacity, bucket.c.tokens + elapsed * bucket.c.refill_per_second)
-        return tokens, sa.func.greatest(bucket.c.updated_at, now)
-    now_param = sa.bindparam("now", datetime.now(UTC), type_=UTCDateTime())
-    elapsed_s = sa.func.max(0.0, (sa.func.julianday(now_param) - sa.func.julianday(bucket.c.updated_at)) * 86400.0)
-    tokens = sa.func.min(bucket.c.capacity, bucket.c.tokens + elapsed_s * bucket.c.refill_per_second)
-    return tokens, sa.func.max(bucket.c.updated_at, now_param)
+        updated_at = sa.func.greatest(bucket.c.updated_at, now)
+    else:
+        now = sa.bindparam("now", type_=UTCDateTime())
+        elapsed = sa.func.max(0.0, (sa.func.julianday(now) - sa.func.julianday(bucket.c.updated_at)) * 86400.0)
+        tokens = sa.func.min(bucket.c.capacity, bucket.c.tokens + elapsed * bucket.c.refill_per_second)
+        updated_at = sa.func.max(bucket.c.updated_at, now)
+    n = sa.bindparam("n", type_=sa.Float())
+    return (
+        sa.update(bucket)
+        # Not "provider": SQLAlchemy reserves a column's name for its SET parameter in an UPDATE.
+        .where(bucket.c.provider == sa.bindparam("provider_name"), tokens >= n)
+        .values(tokens=tokens - n, updated_at=updated_at)
+    )
 
 
 def configure_bucket(conn: sa.Connection, provider: str, calls_per_minute: float, burst: float | None = None) -> None:
@@ -98,13 +112,10 @@ def ensure_bucket(conn: sa.Connection, provider: str, calls_per_minute: float) -
 
 def try_acquire(conn: sa.Connection, provider: str, n: float = 1.0) -> bool:
     """Take ``n`` tokens in one statement; False (and nothing changed) when too few are left."""
-    tokens, updated_at = _refilled(conn)
-    stmt = (
-        sa.update(bucket)
-        .where(bucket.c.provider == provider, tokens >= n)
-        .values(tokens=tokens - n, updated_at=updated_at)
-    )
-    return conn.execute(stmt).rowcount == 1
+    params: dict[str, object] = {"provider_name": provider, "n": n}
+    if conn.dialect.name != "postgresql":
+        params["now"] = datetime.now(UTC)
+    return conn.execute(_acquire_statement(conn.dialect.name), params).rowcount == 1
 
 
 def get_bucket(conn: sa.Connection, provider: str) -> BucketState | None:

@@ -1,0 +1,93 @@
+"""Token-bucket acquires per second with 1, 4 and 8 processes, next to a bare single-row UPDATE.
+
+The bare statement (``UPDATE model_token_bucket SET tokens = tokens - 1 ... RETURNING tokens``,
+no refill arithmetic, no condition) on the same row and table is the ceiling: it is what one
+contended row can take. The bucket is sized so that it never runs dry during the measurement
+(capacity and rate far above what the machine reaches), so both sides measure the statement, not
+the limit. A second measurement with a small bucket checks over-admission against
+``capacity + rate * elapsed`` (must be 0).
+
+    python benchmarks/token_bucket.py --processes 1 4 8 --seconds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from _common import print_table, throwaway_database
+
+from marketing_pipelines.agents import token_bucket as tb
+from marketing_pipelines.db.engine import get_engine
+
+BARE = sa.text("UPDATE model_token_bucket SET tokens = tokens - 1 WHERE provider = 'bench' RETURNING tokens")
+
+
+def _worker(url: str, mode: str, seconds: float, start: Any, out: Any) -> None:
+    engine = get_engine(url)
+    admitted: list[float] = []
+    start.wait()
+    stop_at = time.time() + seconds
+    while time.time() < stop_at:
+        with engine.begin() as conn:
+            ok = tb.try_acquire(conn, "bench") if mode == "bucket" else conn.execute(BARE).first() is not None
+        if ok:
+            admitted.append(time.time())
+    out.put(admitted)
+
+
+def _measure(url: str, mode: str, processes: int, seconds: float) -> tuple[float, list[float], float]:
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(url, mode, seconds, start, out)) for _ in range(processes)]
+    for p in procs:
+        p.start()
+    time.sleep(0.5 + 0.2 * processes)
+    began = time.time()
+    start.set()
+    admitted = sorted(t for _ in procs for t in out.get(timeout=300))
+    for p in procs:
+        p.join()
+    return len(admitted) / seconds, admitted, began
+
+
+def _configure(url: str, per_minute: float, burst: float) -> None:
+    with get_engine(url).begin() as conn:
+        tb.configure_bucket(conn, "bench", per_minute, burst)
+        conn.execute(sa.text("UPDATE model_token_bucket SET tokens = capacity WHERE provider = 'bench'"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database", choices=["postgres", "sqlite"], nargs="+", default=["postgres", "sqlite"])
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--limited-rate", type=float, default=20.0, help="tokens/s of the over-admission check")
+    args = parser.parse_args()
+    for database in args.database:
+        with throwaway_database(database) as url:
+            rows = []
+            for processes in args.processes:
+                big = 1e12  # never empties: measures the statement, not the limit
+                _configure(url, big * 60, big)
+                bucket, _, _ = _measure(url, "bucket", processes, args.seconds)
+                _configure(url, big * 60, big)
+                bare, _, _ = _measure(url, "bare", processes, args.seconds)
+                capacity, rate = 5.0, args.limited_rate
+                _configure(url, rate * 60, capacity)
+                _, admitted, began = _measure(url, "bucket", processes, args.seconds)
+                over = sum(1 for i, t in enumerate(admitted) if i + 1 > capacity + rate * (t - began) + 1e-6)
+                allowed = capacity + rate * ((admitted[-1] if admitted else began) - began)
+                rows.append((processes, bucket, bare, bucket / bare, len(admitted), allowed, over))
+            print_table(
+                f"token bucket on {database} (acquires per second)",
+                ["processes", "bucket", "bare UPDATE", "ratio", "limited: admitted", "allowed", "over-admitted"],
+                rows,
+            )
+
+
+if __name__ == "__main__":
+    main()
