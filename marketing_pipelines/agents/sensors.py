@@ -20,7 +20,12 @@ def ensure_pool_limit(instance: dg.DagsterInstance, limit: int) -> bool:
     info = instance.event_log_storage.get_concurrency_info(POOL)
     if info.slot_count == limit and not getattr(info, "using_default_limit", False):
         return False
-    instance.event_log_storage.set_concurrency_slots(POOL, limit)
+    try:
+        instance.event_log_storage.set_concurrency_slots(POOL, limit)
+    except sa.exc.IntegrityError:
+        # Dagster inserts a new pool's limit row without an upsert, so replicas ticking at once on
+        # a fresh instance collide on it. The row exists now; setting again locks it and updates.
+        instance.event_log_storage.set_concurrency_slots(POOL, limit)
     return True
 
 

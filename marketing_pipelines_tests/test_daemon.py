@@ -1,0 +1,130 @@
+"""The real ``dagster-daemon`` works the queues unattended: due work in the database ends SUCCEEDED.
+
+Nobody starts a sensor or launches a run: the sensors are RUNNING by default in code, the daemon
+ticks ``due_work_sensor`` (every 2 s here), the queued run coordinator launches the runs and each
+run records its outcome in the application database (PostgreSQL, a throwaway database).
+"""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import dagster as dg
+import sqlalchemy as sa
+
+# Read-only views of the daemon's sensor state; dagster exports no public name for them.
+from dagster._core.definitions.run_request import InstigatorType
+from dagster._core.scheduler.instigation import InstigatorStatus, TickStatus
+
+from marketing_pipelines.agents import users
+from marketing_pipelines.agents.queue import request_agent_run
+from marketing_pipelines.db.engine import get_engine
+from marketing_pipelines.db.schema import agent_run, marketing_execution
+from marketing_pipelines.executions.queue import schedule_execution
+from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.processes import REPO_ROOT, child_env, dagster_bin, running, start, wait_for
+
+EXECUTIONS = 3
+# About 40 s on an idle 2-core machine (each run is two fresh Python processes); the bound leaves
+# room for a machine busy with other work.
+TIMEOUT_SECONDS = 120
+
+
+def _seed(engine: sa.Engine) -> tuple[list[int], int]:
+    add_campaign(engine, "spring-launch")
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    with engine.begin() as conn:
+        users.add_user(conn, "ana")
+        for permission in ("campaign:read", "measurement:read", "execution:read"):
+            users.grant(conn, "ana", permission)
+        execution_ids = [
+            schedule_execution(
+                conn,
+                campaign_id="spring-launch",
+                stage="launch",
+                action="log",
+                due_at=due,
+                payload={"message": f"hello {i}"},
+            )
+            for i in range(EXECUTIONS)
+        ]
+        agent_run_id = request_agent_run(
+            conn, agent="measurement_analyst", campaign_id="spring-launch", requested_by="ana", provider="offline"
+        )
+    return execution_ids, agent_run_id
+
+
+def _statuses(engine: sa.Engine) -> dict[str, tuple[str, str | None]]:
+    with engine.connect() as conn:
+        executions = conn.execute(
+            sa.select(marketing_execution.c.id, marketing_execution.c.status, marketing_execution.c.run_id)
+        ).all()
+        agents = conn.execute(sa.select(agent_run.c.id, agent_run.c.status, agent_run.c.run_id)).all()
+    return {
+        **{f"execution {r.id}": (r.status, r.run_id) for r in executions},
+        **{f"agent run {r.id}": (r.status, r.run_id) for r in agents},
+    }
+
+
+def test_daemon_runs_due_executions_and_a_queued_agent_run_unattended(pg_url: str, tmp_path: Path) -> None:
+    engine = get_engine(pg_url)
+    execution_ids, agent_run_id = _seed(engine)
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    env = child_env(
+        DAGSTER_HOME=str(home),
+        MARKETING_DATABASE_URL=pg_url,
+        MARKETING_SENSOR_INTERVAL_SECONDS="2",
+        MARKETING_MODEL_PROVIDER="offline",
+    )
+    argv = [dagster_bin("dagster-daemon"), "run", "-w", "workspace.yaml"]
+
+    def all_succeeded() -> bool:
+        statuses = _statuses(engine)
+        return len(statuses) == EXECUTIONS + 1 and all(s == "SUCCEEDED" for s, _ in statuses.values())
+
+    with running([]) as children:
+        children.append(start("dagster-daemon", argv, env, tmp_path))
+        wait_for(
+            f"{EXECUTIONS} executions and 1 agent run to reach SUCCEEDED",
+            all_succeeded,
+            TIMEOUT_SECONDS,
+            children,
+            interval=1,
+            detail=lambda: f"app database: {_statuses(engine)}",
+        )
+
+        statuses = _statuses(engine)
+        run_ids = {run_id for _, run_id in statuses.values()}
+        assert None not in run_ids and len(run_ids) == EXECUTIONS + 1, statuses
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            # Each row names the Dagster run that performed it; the run ends a moment after the
+            # op recorded the outcome, so wait for that too.
+            def dagster_runs_succeeded() -> bool:
+                runs = [instance.get_run_by_id(run_id) for run_id in run_ids]
+                return all(r is not None and r.status == dg.DagsterRunStatus.SUCCESS for r in runs)
+
+            wait_for("the Dagster runs to reach SUCCESS", dagster_runs_succeeded, 60, children)
+            runs = {run_id: instance.get_run_by_id(run_id) for run_id in run_ids}
+            launched_by = {
+                key: (runs[run_id].job_name, runs[run_id].tags.get("dagster/sensor_name"))
+                for key, (_, run_id) in statuses.items()
+            }
+            [state] = [
+                s
+                for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+                if s.instigator_name == "due_work_sensor"
+            ]
+            ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id)
+
+    assert launched_by == {
+        **{f"execution {i}": ("marketing_execution_job", "due_work_sensor") for i in execution_ids},
+        f"agent run {agent_run_id}": ("agent_run_job", "due_work_sensor"),
+    }
+    # Nobody turned the sensor on: its state is the default declared in code, and its ticks
+    # launched exactly these runs.
+    assert state.status == InstigatorStatus.DECLARED_IN_CODE
+    assert {run_id for tick in ticks if tick.status == TickStatus.SUCCESS for run_id in tick.run_ids} == run_ids
