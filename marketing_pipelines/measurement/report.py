@@ -115,41 +115,61 @@ def measurement_report(
     groups: dict[tuple[str, str, str], list[sa.Row[Any]]] = defaultdict(list)
     for row in rows:
         groups[(row.source, row.stage, row.event_type)].append(row)
-    totals = tuple(_range_total(key, members) for key, members in sorted(groups.items()))
+    # Each row's sketch is deserialized once, into its group's union; the funnel then unions the
+    # few group sketches of a stage instead of every row's sketch again.
+    unions = {key: _union(members) for key, members in groups.items()}
+    totals = tuple(_range_total(key, members, unions[key]) for key, members in sorted(groups.items()))
 
-    stages: dict[str, list[sa.Row[Any]]] = defaultdict(list)
-    for row in rows:
-        if row.source == FIRST_PARTY:
-            stages[row.stage].append(row)
+    stages: dict[str, list[tuple[str, str, str]]] = defaultdict(list)
+    for key in groups:
+        if key[0] == FIRST_PARTY:
+            stages[key[1]].append(key)
     return MeasurementReport(
         campaign_id=campaign_id,
         start=start or (rows[0].day if rows else None),
         end=end or (rows[-1].day if rows else None),
         totals=totals,
         daily=daily,
-        funnel=_funnel(stages, stage_order),
+        funnel=_funnel(stages, groups, unions, stage_order),
     )
 
 
-def _uniques(members: list[sa.Row[Any]]) -> tuple[int | None, bool]:
+def _union(members: list[sa.Row[Any]]) -> sketches.datasketches.hll_sketch | None:
+    """The union of a group's daily sketches, or None when some day's uniques are unknown."""
     if any(m.unique_actors is None for m in members):
+        return None
+    return sketches.merge(m.actors_hll for m in members)
+
+
+def _uniques(members: list[sa.Row[Any]], union: sketches.datasketches.hll_sketch | None) -> tuple[int | None, bool]:
+    if union is None:
         return None, False
     if len(members) == 1:
         return members[0].unique_actors, True
-    return sketches.estimate(sketches.merge(m.actors_hll for m in members)), False
+    return sketches.estimate(union), False
 
 
-def _range_total(key: tuple[str, str, str], members: list[sa.Row[Any]]) -> RangeTotal:
-    unique, exact = _uniques(members)
+def _range_total(
+    key: tuple[str, str, str], members: list[sa.Row[Any]], union: sketches.datasketches.hll_sketch | None
+) -> RangeTotal:
+    unique, exact = _uniques(members, union)
     return RangeTotal(
         *key, raw_count=sum(m.raw_count for m in members), unique_actors=unique, unique_actors_exact=exact
     )
 
 
-def _funnel(stages: dict[str, list[sa.Row[Any]]], stage_order: list[str] | None) -> tuple[FunnelStep, ...]:
+def _funnel(
+    stages: dict[str, list[tuple[str, str, str]]],
+    groups: dict[tuple[str, str, str], list[sa.Row[Any]]],
+    unions: dict[tuple[str, str, str], sketches.datasketches.hll_sketch | None],
+    stage_order: list[str] | None,
+) -> tuple[FunnelStep, ...]:
     sized: dict[str, tuple[int, bool, int]] = {}
-    for stage, members in stages.items():
-        unique, exact = _uniques(members)
+    for stage, keys in stages.items():
+        members = [m for key in keys for m in groups[key]]
+        parts = [unions[key] for key in keys]
+        union = None if any(p is None for p in parts) else sketches.union_of(p for p in parts if p is not None)
+        unique, exact = _uniques(members, union)
         sized[stage] = (unique or 0, exact, sum(m.raw_count for m in members))
     order = stage_order or sorted(sized, key=lambda s: (-sized[s][0], -sized[s][2], s))
     steps: list[FunnelStep] = []

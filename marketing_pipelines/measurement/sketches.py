@@ -40,10 +40,14 @@ def deserialize(data: bytes) -> datasketches.hll_sketch:
 
 def merge(serialized: Iterable[bytes | None]) -> datasketches.hll_sketch:
     """The union of serialized sketches; None entries (rows without actors) are skipped."""
+    return union_of(deserialize(data) for data in serialized if data is not None)
+
+
+def union_of(parts: Iterable[datasketches.hll_sketch]) -> datasketches.hll_sketch:
+    """The union of sketches already in memory."""
     union = datasketches.hll_union(LG_K)
-    for data in serialized:
-        if data is not None:
-            union.update(deserialize(data))
+    for part in parts:
+        union.update(part)
     return union.get_result(TGT_TYPE)
 
 
