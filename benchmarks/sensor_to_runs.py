@@ -50,7 +50,7 @@ def _ceiling_requests(n: int, start_id: int) -> list[dg.RunRequest]:
 
 def _run(url: str, executions: int, batch: int, mode: str) -> tuple[float, list[float], int]:
     """Returns (runs per second, tick seconds, runs created)."""
-    from benchmarks_seed import seed_due
+    from _seed import seed_due
 
     from marketing_pipelines.definitions import defs
     from marketing_pipelines.work import due_work_sensor

@@ -1,0 +1,45 @@
+"""Every benchmark runs at tiny sizes, so the scripts cannot rot. Their numbers decide nothing here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+TINY = {
+    "claim_throughput.py": ["--rows", "300", "--workers", "1", "2", "--batches", "10", "--seconds", "0.5"],
+    "token_bucket.py": ["--processes", "1", "2", "--seconds", "0.5"],
+    "sensor_to_runs.py": ["--executions", "40", "--batch", "20", "--repeat", "1"],
+    "rollup_build.py": ["--events", "2000", "--repeat", "1", "--database", "sqlite", "postgres"],
+    "report_latency.py": ["--events", "2000", "--days", "7", "--repeat", "1", "--raw-repeat", "1"],
+    "range_uniques.py": ["--actors", "200", "2000", "--campaigns", "2", "--days", "7", "30"],
+    "pool_overshoot_sqlite.py": ["--trials", "1", "--runs", "2", "--limit", "1", "--model-delay", "0.2"],
+}
+
+
+def test_every_benchmark_has_a_smoke_run() -> None:
+    scripts = {p.name for p in BENCHMARKS.glob("*.py") if not p.name.startswith("_")}
+    assert scripts == set(TINY)
+
+
+@pytest.mark.parametrize("script", sorted(TINY))
+def test_benchmark_runs_at_tiny_size(script: str, pg_database: str) -> None:
+    # pg_database only proves PostgreSQL is reachable (or skips/fails like every PostgreSQL test);
+    # the script makes and drops its own throwaway database.
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), *TINY[script]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=BENCHMARKS.parent,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip(), "a benchmark prints its table"
+    help_text = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert help_text.returncode == 0 and "usage" in help_text.stdout
