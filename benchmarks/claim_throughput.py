@@ -19,8 +19,8 @@ from typing import Any
 
 import sqlalchemy as sa
 from _common import print_table, throwaway_database
+from _seed import seed_due
 
-from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.lease import claim_batch
 from marketing_pipelines.db.schema import marketing_execution as t
@@ -64,32 +64,6 @@ def _worker(url: str, method: str, batch: int, seconds: float, start: Any, out: 
     out.put((ids, time.monotonic()))
 
 
-def seed(url: str, rows: int) -> None:
-    engine = get_engine(url)
-    with engine.begin() as conn:
-        upsert_campaign(conn, Campaign("bench", "Bench", "bench"))
-    now = datetime.now(UTC)
-    chunk = 20_000
-    for start in range(0, rows, chunk):
-        batch = [
-            {
-                "campaign_id": "bench",
-                "stage": "launch",
-                "action": "log",
-                "payload": {"message": f"m{i}"},
-                "due_at": now - timedelta(seconds=rows - i),
-                "status": "SCHEDULED",
-                "attempts": 0,
-                "max_attempts": 3,
-                "created_at": now,
-                "updated_at": now,
-            }
-            for i in range(start, min(rows, start + chunk))
-        ]
-        with engine.begin() as conn:
-            conn.execute(sa.insert(t), batch)
-
-
 def reset(url: str) -> None:
     engine = get_engine(url)
     with engine.begin() as conn:
@@ -130,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     for database in args.database:
         with throwaway_database(database) as url:
-            seed(url, args.rows)
+            seed_due(url, args.rows)
             rows = []
             duplicates = 0
             for workers in args.workers:

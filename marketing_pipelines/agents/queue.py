@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from marketing_pipelines.agents.catalog import get_agent
 from marketing_pipelines.agents.providers import PROVIDER_NAMES
 from marketing_pipelines.agents.users import current_grants, require_user
-from marketing_pipelines.db.campaigns import InvalidInput, require_campaign
+from marketing_pipelines.db.campaigns import InvalidInput, parse_json_object, require_campaign
 from marketing_pipelines.db.lease import LeaseQueue, cancel
 from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
 
@@ -29,15 +29,7 @@ MAX_INPUT_BYTES = 16 * 1024
 
 
 def parse_input(value: str | None) -> dict[str, Any]:
-    if value is None or value.strip() == "":
-        return {}
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"--input is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidInput(f"--input must be a JSON object, got {type(parsed).__name__}")
-    return parsed
+    return parse_json_object(value, "--input")
 
 
 def configured_provider_problem(provider: str, environ: Mapping[str, str]) -> str | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -16,6 +18,19 @@ GITHUB_REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 
 class InvalidInput(ValueError):
     """User input that cannot be accepted; the message names the field and the value."""
+
+
+def parse_json_object(value: str | None, name: str) -> dict[str, Any]:
+    """Parse a user-given JSON object (empty means {}); errors name ``name`` and the position."""
+    if value is None or value.strip() == "":
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidInput(f"{name} must be a JSON object, got {type(parsed).__name__}")
+    return parsed
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from marketing_pipelines.db.campaigns import InvalidInput, require_campaign
+from marketing_pipelines.db.campaigns import InvalidInput, parse_json_object, require_campaign
 from marketing_pipelines.db.lease import LeaseQueue
 from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution
 from marketing_pipelines.executions.actions import InvalidPayload, get_action
@@ -39,15 +39,7 @@ def parse_due(value: str) -> datetime:
 
 
 def parse_payload(value: str | None) -> dict[str, Any]:
-    if value is None or value.strip() == "":
-        return {}
-    try:
-        payload = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"payload is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    if not isinstance(payload, dict):
-        raise InvalidInput(f"payload must be a JSON object, got {type(payload).__name__}")
-    return payload
+    return parse_json_object(value, "payload")
 
 
 def schedule_execution(
