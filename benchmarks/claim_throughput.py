@@ -46,6 +46,8 @@ def _worker(url: str, method: str, batch: int, seconds: float, start: Any, out: 
     owner = f"bench-{mp.current_process().pid}"
     ids: list[int] = []
     postgres = engine.dialect.name == "postgresql"
+    with engine.connect():
+        pass  # open the pooled connection before the clock starts
     start.wait()
     stop_at = time.monotonic() + seconds
     while time.monotonic() < stop_at:
@@ -78,13 +80,13 @@ def measure(url: str, method: str, workers: int, batch: int, seconds: float) -> 
     """Returns (claims per second, claimed, duplicates)."""
     reset(url)
     ctx = mp.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
+    # The clock starts when every worker has imported and connected (a barrier, not a guess).
+    start, out = ctx.Barrier(workers + 1, timeout=300), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(url, method, batch, seconds, start, out)) for _ in range(workers)]
     for p in procs:
         p.start()
-    time.sleep(0.3 + 0.15 * workers)  # let every worker import and connect before the clock starts
+    start.wait()
     began = time.monotonic()
-    start.set()
     results = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join()

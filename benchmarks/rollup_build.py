@@ -8,7 +8,7 @@ in-memory DuckDB table (the practical ceiling); both are loaded before the clock
 build no HLL sketch, the project does, so the project's time is split into its parts, each run
 on its own in a REPEATABLE READ transaction as the rollup does:
 
-- ``group by``: ``first_party_aggregates``, the database's GROUP BY with count(DISTINCT actor_id);
+- ``group by``: the database's own GROUP BY with count(DISTINCT actor_id), no sketches (``group_by_query``);
 - ``distinct fetch``: the sketch query (SELECT DISTINCT campaign, stage, event type, actor) read into
   Python without touching a sketch;
 - ``sketch pass``: ``first_party_day``, the rollup's single grouped query plus one HLL update per actor row.
@@ -36,7 +36,6 @@ from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_event as e
 from marketing_pipelines.measurement.rollup import (
     day_bounds,
-    first_party_aggregates,
     first_party_day,
     partition_transaction,
     replace_rollup_day,
@@ -47,6 +46,22 @@ DUCKDB_QUERY = (
     "SELECT campaign_id, stage, event_type, count(*) AS raw_count, count(DISTINCT actor_id) AS unique_actors "
     "FROM marketing_event WHERE occurred_at >= $start AND occurred_at < $end GROUP BY ALL"
 )
+
+
+def group_by_query(day: date) -> sa.Select[tuple[str, str, str, int, int]]:
+    """Counts and exact distinct actors per (campaign, stage, event type) of one day, all in SQL."""
+    start, end = day_bounds(day)
+    return (
+        sa.select(
+            e.c.campaign_id,
+            e.c.stage,
+            e.c.event_type,
+            sa.func.count(),
+            sa.func.count(sa.distinct(e.c.actor_id)),
+        )
+        .where(e.c.occurred_at >= start, e.c.occurred_at < end)
+        .group_by(e.c.campaign_id, e.c.stage, e.c.event_type)
+    )
 
 
 def distinct_actor_query(day: date) -> sa.Select[tuple[str, str, str, str]]:
@@ -69,7 +84,7 @@ def fetch_distinct_actors(engine: sa.Engine, day: date) -> int:
 
 def group_by_only(engine: sa.Engine, day: date) -> int:
     with partition_transaction(engine) as conn:
-        return len(first_party_aggregates(conn, day))
+        return len(conn.execute(group_by_query(day)).all())
 
 
 def sketch_pass(engine: sa.Engine, day: date) -> int:
@@ -98,20 +113,8 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
 
 def explain(engine: sa.Engine) -> None:
     """EXPLAIN ANALYZE of the rollup's two event queries (PostgreSQL), to see where the database spends."""
-    start, end = day_bounds(DAY)
-    group_by = (
-        sa.select(
-            e.c.campaign_id,
-            e.c.stage,
-            e.c.event_type,
-            sa.func.count(),
-            sa.func.count(sa.distinct(e.c.actor_id)),
-        )
-        .where(e.c.occurred_at >= start, e.c.occurred_at < end)
-        .group_by(e.c.campaign_id, e.c.stage, e.c.event_type)
-    )
     with engine.connect() as conn:
-        for name, query in (("group by", group_by), ("distinct actors", distinct_actor_query(DAY))):
+        for name, query in (("group by", group_by_query(DAY)), ("distinct actors", distinct_actor_query(DAY))):
             compiled = query.compile(conn, compile_kwargs={"literal_binds": True})
             plan = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, BUFFERS) {compiled}").scalars().all()
             print(f"\nEXPLAIN ANALYZE, {name}:\n  " + "\n  ".join(plan))
@@ -122,7 +125,7 @@ def check_same_result(url: str, frame: pd.DataFrame) -> None:
     with get_engine(url).connect() as conn:
         project = {
             (a.campaign_id, a.stage, a.event_type): (a.raw_count, a.unique_actors)
-            for a in (first_party_aggregates(conn, DAY))
+            for a, _sketch in first_party_day(conn, DAY)
         }
     reference = {key: (int(row.raw_count), int(row.unique_actors)) for key, row in pandas_rollup(frame).iterrows()}
     if project != reference:

@@ -29,6 +29,8 @@ BARE = sa.text("UPDATE model_token_bucket SET tokens = tokens - 1 WHERE provider
 def _worker(url: str, mode: str, seconds: float, start: Any, out: Any) -> None:
     engine = get_engine(url)
     admitted: list[float] = []
+    with engine.connect():
+        pass  # open the pooled connection before the clock starts
     start.wait()
     stop_at = time.time() + seconds
     while time.time() < stop_at:
@@ -41,13 +43,13 @@ def _worker(url: str, mode: str, seconds: float, start: Any, out: Any) -> None:
 
 def _measure(url: str, mode: str, processes: int, seconds: float) -> tuple[float, list[float], float]:
     ctx = mp.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
+    # The clock starts when every process has imported and connected (a barrier, not a guess).
+    start, out = ctx.Barrier(processes + 1, timeout=300), ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(url, mode, seconds, start, out)) for _ in range(processes)]
     for p in procs:
         p.start()
-    time.sleep(0.5 + 0.2 * processes)
+    start.wait()
     began = time.time()
-    start.set()
     admitted = sorted(t for _ in procs for t in out.get(timeout=300))
     for p in procs:
         p.join()

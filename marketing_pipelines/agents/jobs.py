@@ -8,10 +8,10 @@ import dagster as dg
 from marketing_pipelines.agents import token_bucket
 from marketing_pipelines.agents.catalog import get_agent
 from marketing_pipelines.agents.models import ModelGateway
-from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript, get_agent_run
+from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript
 from marketing_pipelines.agents.runner import AgentStopped, LeaseLost, RunLimits, run_agent_loop
 from marketing_pipelines.agents.users import get_user
-from marketing_pipelines.db.lease import LeaseKeeper, finish, retry_or_fail, take_over
+from marketing_pipelines.db.lease import LeaseKeeper, describe, finish, retry_or_fail, take_over
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.http import RateLimited, ServiceError
 from marketing_pipelines.settings import Settings
@@ -56,10 +56,9 @@ def run_agent(
             lease_seconds=lease_s,
             run_id=context.run_id,
         )
-        current = row if row is not None else get_agent_run(conn, agent_run_id)
+        state = describe(conn, AGENT_RUNS, agent_run_id) if row is None else ""
         user = get_user(conn, row["requested_by"]) if row is not None else None
     if row is None:
-        state = "does not exist" if current is None else f"is {current['status']} (attempt {current['attempts']})"
         context.log.info(f"Agent run {agent_run_id} {state}; this run does not own it and does nothing.")
         return dg.Output({"agent_run_id": agent_run_id, "outcome": "skipped"}, metadata={"outcome": "skipped"})
 

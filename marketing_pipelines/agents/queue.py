@@ -24,6 +24,7 @@ AGENT_RUNS = LeaseQueue(
     error_column="error",
     retry_moves_due=False,  # a retried run keeps its place in the queue
     started_column="started_at",
+    claim_columns=("id", "agent", "campaign_id", "requested_by", "attempts", "max_run_seconds"),
 )
 MAX_INPUT_BYTES = 16 * 1024
 

@@ -16,6 +16,7 @@ process's clock on SQLite (one machine, one clock).
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -52,6 +53,9 @@ class LeaseQueue:
     # Executions back off by moving due_at into the future; agent runs keep their queue place.
     retry_moves_due: bool
     started_column: str | None = None
+    # What claim_batch returns: the columns a run request needs. Returning every column (the
+    # JSON payload decoded, each timestamp converted) cost a third of the claim's throughput.
+    claim_columns: tuple[str, ...] = ("id", "attempts")
 
     def col(self, name: str) -> sa.Column[Any]:
         return self.table.c[name]
@@ -73,48 +77,78 @@ def now_expr(conn: sa.Connection, offset_s: float = 0.0) -> sa.ColumnElement[dat
     return sa.bindparam(None, datetime.now(UTC) + timedelta(seconds=offset_s), type_=UTCDateTime())
 
 
-def claim_batch(
-    conn: sa.Connection, queue: LeaseQueue, owner: str, limit: int, lease_seconds: float
-) -> list[sa.RowMapping]:
-    """Claim up to ``limit`` due rows for ``owner`` in one statement; returns the claimed rows."""
-    if limit < 1:
-        raise ValueError(f"claim limit must be >= 1, got {limit}")
+@functools.cache
+def _claim_statement(queue: LeaseQueue, dialect: str) -> sa.Update:
+    """The claim UPDATE for one queue and dialect, built once: every sensor tick runs it.
+
+    Parameters: ``owner``, ``limit`` and the lease, as ``lease`` (an interval added to the
+    database's ``now()``) on PostgreSQL, or ``now`` and ``lease_expires_at`` on SQLite.
+    """
     t = queue.table
     due = queue.col(queue.due_column)
-    now = now_expr(conn)
+    now: sa.ColumnElement[datetime]
+    if dialect == "postgresql":
+        now = sa.func.now()
+        expires: sa.ColumnElement[datetime] = now + sa.bindparam("lease", type_=sa.Interval())
+    else:
+        now = sa.bindparam("now", type_=UTCDateTime())
+        expires = sa.bindparam("lease_expires_at", type_=UTCDateTime())
     candidates = (
-        sa.select(t.c.id).where(t.c.status == queue.ready_status, due <= now).order_by(due, t.c.id).limit(limit)
+        sa.select(t.c.id)
+        .where(t.c.status == queue.ready_status, due <= now)
+        .order_by(due, t.c.id)
+        .limit(sa.bindparam("limit", type_=sa.Integer()))
     )
     values: dict[str, Any] = {
         "status": RUNNING,
-        "lease_owner": owner,
-        "lease_expires_at": now_expr(conn, lease_seconds),
+        "lease_owner": sa.bindparam("owner", type_=sa.String()),
+        "lease_expires_at": expires,
         "attempts": t.c.attempts + 1,
         "updated_at": now,
         "run_id": None,
     }
     if queue.started_column:
         values[queue.started_column] = now
-    if conn.dialect.name == "postgresql":
+    returned = [queue.col(name) for name in dict.fromkeys(("id", queue.due_column, *queue.claim_columns))]
+    if dialect == "postgresql":
         # MATERIALIZED pins the LIMIT: as a plain IN (subquery) the planner may re-run the
         # subquery (e.g. as a semi-join) and update more rows than asked. SKIP LOCKED lets a
         # concurrent claimer take the next rows instead of waiting on ours.
         picked = candidates.with_for_update(skip_locked=True).cte("picked").prefix_with("MATERIALIZED")
-        stmt = sa.update(t).where(t.c.id == picked.c.id).values(values).returning(*t.c)
+        return sa.update(t).where(t.c.id == picked.c.id).values(values).returning(*returned)
+    # SQLite has one writer at a time (BEGIN IMMEDIATE), and the status guard makes the
+    # update conditional: a row some other claimer took is simply not matched.
+    return (
+        sa.update(t)
+        .where(t.c.id.in_(candidates.scalar_subquery()), t.c.status == queue.ready_status)
+        .values(values)
+        .returning(*returned)
+    )
+
+
+def claim_batch(
+    conn: sa.Connection, queue: LeaseQueue, owner: str, limit: int, lease_seconds: float
+) -> list[sa.RowMapping]:
+    """Claim up to ``limit`` due rows for ``owner`` in one statement.
+
+    Returns the claimed rows in queue order, each with ``id``, the due column and the queue's
+    ``claim_columns`` (``attempts`` already counts this claim).
+    """
+    if limit < 1:
+        raise ValueError(f"claim limit must be >= 1, got {limit}")
+    params: dict[str, Any] = {"owner": owner, "limit": limit}
+    if conn.dialect.name == "postgresql":
+        params["lease"] = timedelta(seconds=lease_seconds)
     else:
-        # SQLite has one writer at a time (BEGIN IMMEDIATE), and the status guard makes the
-        # update conditional: a row some other claimer took is simply not matched.
-        stmt = (
-            sa.update(t)
-            .where(t.c.id.in_(candidates.scalar_subquery()), t.c.status == queue.ready_status)
-            .values(values)
-            .returning(*t.c)
-        )
-    rows = list(conn.execute(stmt).mappings())
+        params["now"] = datetime.now(UTC)
+        params["lease_expires_at"] = params["now"] + timedelta(seconds=lease_seconds)
+    rows = conn.execute(_claim_statement(queue, conn.dialect.name), params).all()
     if len(rows) > limit:  # would mean the statement above is wrong; never paper over it
         raise AssertionError(f"claim returned {len(rows)} rows for a limit of {limit}")
-    rows.sort(key=lambda row: (row[queue.due_column], row["id"]))
-    return rows
+    # RETURNING has no order. Rows start (id, due, ...): sorting tuples by position costs half
+    # of sorting mappings by name, which showed in the claim benchmark.
+    rows.sort(key=lambda row: (row[1], row[0]))
+    return [row._mapping for row in rows]
 
 
 def take_over(
@@ -145,6 +179,15 @@ def take_over(
         .returning(*t.c)
     )
     return conn.execute(stmt).mappings().one_or_none()
+
+
+def describe(conn: sa.Connection, queue: LeaseQueue, row_id: int) -> str:
+    """A row's lease state for a log line, e.g. "is RUNNING (attempt 2, owner run:...)"."""
+    t = queue.table
+    row = conn.execute(sa.select(t.c.status, t.c.attempts, t.c.lease_owner).where(t.c.id == row_id)).one_or_none()
+    if row is None:
+        return "does not exist"
+    return f"is {row.status} (attempt {row.attempts}, owner {row.lease_owner or 'none'})"
 
 
 def renew(conn: sa.Connection, queue: LeaseQueue, row_id: int, owner: str, lease_seconds: float) -> bool:

@@ -3,9 +3,8 @@
 from typing import Any
 
 import dagster as dg
-import sqlalchemy as sa
 
-from marketing_pipelines.db.lease import LeaseKeeper, finish, retry_or_fail, take_over
+from marketing_pipelines.db.lease import LeaseKeeper, describe, finish, retry_or_fail, take_over
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.actions import ActionContext, ActionFailed, WebhookClient, get_action
 from marketing_pipelines.executions.queue import EXECUTIONS, get_execution
@@ -46,11 +45,10 @@ def run_marketing_execution(
             lease_seconds=settings.execution_lease_seconds,
             run_id=context.run_id,
         )
-        current = row if row is not None else get_execution(conn, execution_id)
+        state = describe(conn, EXECUTIONS, execution_id) if row is None else ""
     if row is None:
         # E.g. a re-execution from the UI of a run whose execution already finished, or a run
         # that started after its claim expired and another attempt took the row.
-        state = "does not exist" if current is None else _describe(current)
         context.log.info(f"Execution {execution_id} {state}; this run does not own it and does nothing.")
         return dg.Output({"execution_id": execution_id, "outcome": "skipped"}, metadata={"outcome": "skipped"})
 
@@ -80,11 +78,12 @@ def run_marketing_execution(
             delay = retry_delay_seconds(settings, attempt)
             new_status = retry_or_fail(conn, EXECUTIONS, execution_id, owner, error, delay)
         current = get_execution(conn, execution_id)
+        state = describe(conn, EXECUTIONS, execution_id) if new_status is None else ""
 
     if new_status is None:
         raise dg.Failure(
             description=(
-                f"Execution {execution_id} attempt {attempt}: this run lost its lease ({_describe(current)}); "
+                f"Execution {execution_id} attempt {attempt}: this run lost its lease (it {state}); "
                 "its outcome was not recorded. The action may have run; receivers dedupe on the Idempotency-Key."
             )
         )
@@ -102,12 +101,6 @@ def run_marketing_execution(
             f"Rescheduled for {current['due_at'] if current else '?'}."
         )
     )
-
-
-def _describe(row: sa.RowMapping | None) -> str:
-    if row is None:
-        return "no longer exists"
-    return f"is {row['status']} (attempt {row['attempts']}, owner {row['lease_owner'] or 'none'})"
 
 
 @dg.job(

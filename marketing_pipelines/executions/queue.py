@@ -20,6 +20,7 @@ EXECUTIONS = LeaseQueue(
     due_column="due_at",
     error_column="last_error",
     retry_moves_due=True,
+    claim_columns=("id", "campaign_id", "stage", "action", "attempts"),
 )
 MAX_PAYLOAD_BYTES = 64 * 1024
 STAGE_MAX = 64

@@ -52,33 +52,14 @@ class FirstPartyAggregate:
     unique_actors: int
 
 
-def first_party_aggregates(conn: sa.Connection, day: date) -> list[FirstPartyAggregate]:
-    """Counts and exact distinct actors per (campaign, stage, event type) of one day, all in SQL.
-
-    The rollup itself uses ``first_party_day``; this is the plain GROUP BY the benchmark times it against.
-    """
-    e = marketing_event
-    rows = conn.execute(
-        sa.select(
-            e.c.campaign_id,
-            e.c.stage,
-            e.c.event_type,
-            sa.func.count().label("raw_count"),
-            sa.func.count(sa.distinct(e.c.actor_id)).label("unique_actors"),
-        )
-        .where(_in_day(day))
-        .group_by(e.c.campaign_id, e.c.stage, e.c.event_type)
-    )
-    return [FirstPartyAggregate(*row) for row in rows]
-
-
 def first_party_day(conn: sa.Connection, day: date) -> list[tuple[FirstPartyAggregate, bytes | None]]:
     """One day's first-party rollup rows with their HLL sketches, from a single grouped query.
 
     The database groups the day by (campaign, stage, event type, actor) and counts; Python then
     sums the counts, counts the actors and feeds each actor to its row's sketch. The rows fetched
     are bounded by the day's distinct actors per row, not by its events, and the day is scanned
-    once (a separate count(DISTINCT) query would sort the day a second time).
+    once (a separate count(DISTINCT) query would sort the day a second time; benchmarks/rollup_build.py
+    times that plain GROUP BY next to this).
     """
     e = marketing_event
     query = sa.select(e.c.campaign_id, e.c.stage, e.c.event_type, e.c.actor_id, sa.func.count()).where(_in_day(day))

@@ -81,12 +81,13 @@ def _next_result(out: Any, procs: list[Any], timeout_s: float = 300) -> list[int
 
 def _race(db_url: str, worker: Any) -> Counter[int]:
     ctx = mp.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
+    # A barrier, not a sleep: the race starts when every process has imported and is ready.
+    # A process still importing Dagster when the other starts would leave nothing to race for.
+    start, out = ctx.Barrier(WORKERS + 1, timeout=120), ctx.Queue()
     procs = [ctx.Process(target=worker, args=(db_url, start, out)) for _ in range(WORKERS)]
     for p in procs:
         p.start()
-    time.sleep(0.5)
-    start.set()
+    start.wait()
     results = [_next_result(out, procs) for _ in procs]
     for p in procs:
         p.join(timeout=60)
