@@ -150,6 +150,25 @@ def db_current() -> None:
     click.echo(f"database: {current_revision(eng) or 'empty'}; code needs: {head_revision()}")
 
 
+@db.command("rebuild-weekly-sketches")
+def db_rebuild_weekly_sketches() -> None:
+    """Rebuild measurement_weekly_sketch from the daily rollup, for every rolled-up week.
+
+    Rolling up a day keeps its week current; run this once after upgrading a database that already
+    holds daily rollups. Until then reports are correct, merging daily sketches instead of weekly ones.
+
+    \b
+    Example:
+      marketing-pipelines db rebuild-weekly-sketches
+    """
+    from marketing_pipelines.measurement.rollup import rebuild_all_weeks
+
+    eng = engine()
+    ensure_schema_current(eng)
+    weeks, rows = rebuild_all_weeks(eng)
+    click.echo(f"rebuilt {weeks} week(s), {rows} weekly sketch row(s)")
+
+
 # --- campaigns --------------------------------------------------------------------------------
 
 
@@ -340,7 +359,8 @@ def events_load(file: str, source: str) -> None:
 def report_command(campaign_id: str, start: str | None, end: str | None, fmt: str, stages: str | None) -> None:
     """Counts, unique actors, a daily series and the funnel of a campaign, from the daily rollup.
 
-    Reads only measurement_daily_rollup; days not materialized yet are missing from it.
+    Reads only measurement_daily_rollup and its weekly sketch index; days not materialized yet
+    are missing from it.
 
     \b
     Example:

@@ -271,3 +271,24 @@ measurement_daily_rollup = sa.Table(
     # The report reads one campaign over a range of days.
     sa.Index("ix_measurement_daily_rollup_campaign_day", "campaign_id", "day"),
 )
+
+# A derived index of the daily rollup, not a second source of truth: one row per ISO week (Monday,
+# UTC) and daily-rollup key, holding the union of that week's daily sketches. A 90-day report then
+# merges about 13 weekly sketches per key instead of 90 daily ones. The report uses a row only when
+# its fingerprint (days, raw_count, daily_rolled_up_at) still matches the daily rows it was built
+# from, and otherwise falls back to the daily sketches, so a stale row can slow a report, never skew it.
+measurement_weekly_sketch = sa.Table(
+    "measurement_weekly_sketch",
+    metadata,
+    sa.Column("week_start", sa.Date, primary_key=True, comment="Monday of the UTC ISO week"),
+    sa.Column("campaign_id", sa.String(64), sa.ForeignKey("campaign.id"), primary_key=True),
+    sa.Column("source", sa.String(32), primary_key=True),
+    sa.Column("stage", sa.String(64), primary_key=True),
+    sa.Column("event_type", sa.String(64), primary_key=True),
+    sa.Column("days", sa.Integer, nullable=False, comment="Daily rollup rows merged into this row"),
+    sa.Column("raw_count", sa.BigInteger, nullable=False, comment="Sum of the merged rows' raw_count"),
+    sa.Column("daily_rolled_up_at", UTCDateTime(), nullable=False, comment="Latest rolled_up_at of the merged rows"),
+    sa.Column("actors_hll", sa.LargeBinary, nullable=True, comment="Union of the week's sketches; NULL: unknown"),
+    sa.Column("built_at", UTCDateTime(), nullable=False),
+    sa.Index("ix_measurement_weekly_sketch_campaign_week", "campaign_id", "week_start"),
+)

@@ -1,0 +1,180 @@
+"""The weekly sketch index: built with each day, used by the report only while it matches the daily rows."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+import pandas as pd
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from marketing_pipelines.cli import main
+from marketing_pipelines.db.schema import measurement_daily_rollup as daily_table
+from marketing_pipelines.db.schema import measurement_weekly_sketch as weekly_table
+from marketing_pipelines.measurement import measurement_report, sketches
+from marketing_pipelines.measurement.report import MeasurementReport
+from marketing_pipelines.measurement.rollup import replace_rollup_day, week_start
+from marketing_pipelines_tests.measurement.generated import seed
+
+FIRST = date(2026, 11, 2)  # a Monday: the range holds two whole ISO weeks and three days of a third
+DAYS = [FIRST + timedelta(days=i) for i in range(17)]
+LAST = DAYS[-1]
+STAGES = {"awareness": ("page_view",), "conversion": ("signup_completed", "purchase")}
+
+
+def events(
+    seed_value: int = 3, per_day: int = 40, day_list: list[date] = DAYS, actors: str = "actor"
+) -> list[dict[str, Any]]:
+    rng = random.Random(seed_value)
+    out: list[dict[str, Any]] = []
+    for day in day_list:
+        for campaign in ("alpha", "bravo"):
+            for _ in range(per_day):
+                stage = rng.choice(list(STAGES))
+                moment = datetime.combine(day, datetime.min.time(), tzinfo=UTC) + timedelta(
+                    seconds=rng.uniform(0, 86_399)
+                )
+                out.append(
+                    {
+                        "event_id": f"w-{seed_value}-{len(out)}",
+                        "campaign_id": campaign,
+                        "stage": stage,
+                        "event_type": rng.choice(STAGES[stage]),
+                        # Actors recur across days, so a week's uniques are fewer than its days' sum.
+                        "actor_id": f"{campaign}-{actors}-{rng.randrange(60)}",
+                        "occurred_at": moment.isoformat(),
+                        "source": "web",
+                        "properties": {},
+                    }
+                )
+    return out
+
+
+def recount(all_events: list[dict[str, Any]], campaign: str) -> dict[tuple[str, str], tuple[int, int]]:
+    frame = pd.DataFrame(all_events)
+    frame = frame[frame["campaign_id"] == campaign]
+    grouped = frame.groupby(["stage", "event_type"]).agg(n=("event_id", "size"), u=("actor_id", "nunique"))
+    return {key: (int(row.n), int(row.u)) for key, row in grouped.iterrows()}
+
+
+def totals(report: MeasurementReport) -> dict[tuple[str, str], tuple[int, int | None]]:
+    return {(t.stage, t.event_type): (t.raw_count, t.unique_actors) for t in report.totals}
+
+
+def report(engine: sa.Engine) -> MeasurementReport:
+    with engine.connect() as conn:
+        return measurement_report(conn, "alpha", FIRST, LAST)
+
+
+@pytest.fixture
+def built(engine: sa.Engine) -> list[dict[str, Any]]:
+    generated = events()
+    seed(engine, generated)
+    for day in DAYS:
+        replace_rollup_day(engine, day)
+    return generated
+
+
+def test_each_weekly_row_is_the_union_of_its_days(engine: sa.Engine, built: list[dict[str, Any]]) -> None:
+    with engine.connect() as conn:
+        weekly = conn.execute(sa.select(weekly_table)).mappings().all()
+        daily = conn.execute(sa.select(daily_table)).mappings().all()
+    assert {row["week_start"] for row in weekly} == {date(2026, 11, 2), date(2026, 11, 9), date(2026, 11, 16)}
+    by_key: dict[tuple[Any, ...], list[Any]] = {}
+    for row in daily:
+        key = (week_start(row["day"]), row["campaign_id"], row["source"], row["stage"], row["event_type"])
+        by_key.setdefault(key, []).append(row)
+    assert len(weekly) == len(by_key)
+    frame = pd.DataFrame(built)
+    frame["week"] = pd.to_datetime(frame["occurred_at"], utc=True).dt.date.map(week_start)
+    exact = frame.groupby(["week", "campaign_id", "stage", "event_type"])["actor_id"].nunique()
+    for row in weekly:
+        key = (row["week_start"], row["campaign_id"], row["source"], row["stage"], row["event_type"])
+        members = by_key[key]
+        assert row["days"] == len(members)
+        assert row["raw_count"] == sum(m["raw_count"] for m in members)
+        assert row["daily_rolled_up_at"] == max(m["rolled_up_at"] for m in members)
+        # Below a few hundred actors the sketch is exact, so the union's estimate is the true weekly count.
+        union = sketches.deserialize(row["actors_hll"])
+        assert sketches.estimate(union) == exact[(row["week_start"], *key[1:2], *key[3:])]
+
+
+def test_report_uses_whole_fresh_weeks_and_equals_a_recount(engine: sa.Engine, built: list[dict[str, Any]]) -> None:
+    assert totals(report(engine)) == recount(built, "alpha")
+
+    # Swap in a sketch of other actors while the fingerprint still matches: the report must now
+    # show it, which proves the weekly row (not the daily ones) is what it merged.
+    other = sketches.serialize(sketches.sketch_of(f"someone-else-{i}" for i in range(500)))
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(weekly_table)
+            .where(weekly_table.c.week_start == date(2026, 11, 9), weekly_table.c.campaign_id == "alpha")
+            .values(actors_hll=other)
+        )
+    tampered = totals(report(engine))
+    assert all(unique is not None and unique > 500 for _, unique in tampered.values())
+
+    # A partial week at either end of the range is never served from its weekly row.
+    with engine.connect() as conn:
+        partial = measurement_report(conn, "alpha", date(2026, 11, 10), LAST)
+    in_range = [e for e in built if e["occurred_at"][:10] >= "2026-11-10"]
+    assert totals(partial) == recount(in_range, "alpha")
+
+
+def test_a_stale_weekly_row_is_ignored_until_its_week_is_refreshed(
+    engine: sa.Engine, built: list[dict[str, Any]]
+) -> None:
+    # Late events by new actors for a Tuesday, rolled up while the weekly refresh "dies": the weekly
+    # row keeps its old fingerprint and sketch, as if the process stopped between the two transactions.
+    late = events(seed_value=11, per_day=25, day_list=[date(2026, 11, 10)], actors="late")
+    with engine.connect() as conn:
+        before = conn.execute(sa.select(weekly_table).where(weekly_table.c.week_start == date(2026, 11, 9))).all()
+    seed(engine, late)
+    replace_rollup_day(engine, date(2026, 11, 10))
+    with engine.begin() as conn:
+        conn.execute(sa.delete(weekly_table).where(weekly_table.c.week_start == date(2026, 11, 9)))
+        conn.execute(sa.insert(weekly_table), [row._asdict() for row in before])
+
+    assert totals(report(engine)) == recount(built + late, "alpha")
+
+    result = CliRunner().invoke(main, ["db", "rebuild-weekly-sketches"])
+    assert result.exit_code == 0, result.output
+    assert "rebuilt 3 week(s)" in result.output
+    with engine.connect() as conn:
+        refreshed = conn.execute(
+            sa.select(sa.func.sum(weekly_table.c.raw_count)).where(weekly_table.c.week_start == date(2026, 11, 9))
+        ).scalar_one()
+    assert refreshed == sum(1 for e in built + late if "2026-11-09" <= e["occurred_at"][:10] <= "2026-11-15")
+    assert totals(report(engine)) == recount(built + late, "alpha")
+
+
+def test_plan_takes_a_week_only_when_whole_in_range_and_fingerprint_matches() -> None:
+    from collections import namedtuple
+
+    from marketing_pipelines.measurement.report import plan_sketches
+
+    Row = namedtuple("Row", "day raw_count unique_actors rolled_up_at")
+    at = datetime(2026, 11, 20, tzinfo=UTC)
+    key = ("first_party", "awareness", "page_view")
+    rows = [Row(day, 2, 1, at) for day in DAYS]  # Mon 2 Nov .. Wed 18 Nov
+    weekly = {(monday, key): (7, 14, at) for monday in (date(2026, 11, 2), date(2026, 11, 9))}
+
+    plan = plan_sketches({key: rows}, weekly, FIRST, LAST)
+    assert plan.weeks == {key: [date(2026, 11, 2), date(2026, 11, 9)]}
+    assert plan.days == {key: DAYS[14:]}
+
+    # The range starts on a Tuesday: the first week is partial, so its days are used.
+    plan = plan_sketches({key: rows[1:]}, weekly, DAYS[1], LAST)
+    assert plan.weeks == {key: [date(2026, 11, 9)]} and plan.days[key] == DAYS[1:7] + DAYS[14:]
+
+    # A day rebuilt after the weekly row: a newer rolled_up_at breaks that week's fingerprint.
+    rebuilt = [r._replace(rolled_up_at=at + timedelta(seconds=1)) if r.day == DAYS[8] else r for r in rows]
+    plan = plan_sketches({key: rebuilt}, weekly, FIRST, LAST)
+    assert plan.weeks == {key: [date(2026, 11, 2)]} and plan.days[key] == DAYS[7:]
+
+    # Unknown uniques on any day: no sketch is read for that key at all.
+    unknown = [r._replace(unique_actors=None) if r.day == DAYS[3] else r for r in rows]
+    assert plan_sketches({key: unknown}, weekly, FIRST, LAST) == type(plan)(weeks={}, days={})
