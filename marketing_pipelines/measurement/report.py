@@ -14,7 +14,7 @@ import io
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass
-from datetime import date, datetime, timedelta
+from datetime import date, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -101,8 +101,23 @@ def measurement_report(
     if start and end and start > end:
         raise InvalidInput(f"--from {start} is after --to {end}")
     r = measurement_daily_rollup
+    span = whole_week_span(start, end)
+    # Days outside the whole weeks can only be merged from their daily sketch: read it with the row.
+    edge = sa.or_(
+        *([r.c.day < span[0]] if span[0] else []),
+        *([r.c.day > span[1]] if span[1] else []),
+        sa.false(),
+    )
     query = (
-        sa.select(r.c.day, r.c.source, r.c.stage, r.c.event_type, r.c.raw_count, r.c.unique_actors, r.c.rolled_up_at)
+        sa.select(
+            r.c.day,
+            r.c.source,
+            r.c.stage,
+            r.c.event_type,
+            r.c.raw_count,
+            r.c.unique_actors,
+            sa.case((edge, r.c.actors_hll), else_=sa.null()).label("edge_hll"),
+        )
         .where(r.c.campaign_id == campaign_id)
         .order_by(r.c.day, r.c.source, r.c.stage, r.c.event_type)
     )
@@ -112,10 +127,12 @@ def measurement_report(
         query = query.where(r.c.day <= end)
     rows = conn.execute(query).all()
 
-    daily = tuple(DailyPoint(*row[:6]) for row in rows)
+    daily: list[DailyPoint] = []
     groups: dict[Key, list[sa.Row[Any]]] = defaultdict(list)
     for row in rows:
-        groups[(row.source, row.stage, row.event_type)].append(row)
+        day, source, stage, event_type, raw_count, unique_actors, _ = row
+        daily.append(DailyPoint(day, source, stage, event_type, raw_count, unique_actors))
+        groups[(source, stage, event_type)].append(row)
     parts, _plan = range_sketches(conn, campaign_id, groups, start, end)
     unions = {key: _union(members, parts[key]) for key, members in groups.items()}
     totals = tuple(_range_total(key, members, unions[key]) for key, members in sorted(groups.items()))
@@ -129,7 +146,7 @@ def measurement_report(
         start=start or (rows[0].day if rows else None),
         end=end or (rows[-1].day if rows else None),
         totals=totals,
-        daily=daily,
+        daily=tuple(daily),
         funnel=_funnel(stages, groups, unions, stage_order),
     )
 
@@ -142,74 +159,117 @@ class SketchPlan:
     days: dict[Key, list[date]]  # days whose daily sketch to use
 
 
-Fingerprint = tuple[int, int, datetime]  # days, raw_count, latest rolled_up_at
-
-
-def plan_sketches(
-    groups: dict[Key, list[sa.Row[Any]]],
-    weekly: dict[tuple[date, Key], Fingerprint],
-    start: date | None,
-    end: date | None,
-) -> SketchPlan:
-    """Use a week's weekly sketch when all 7 days lie in [start, end] and its fingerprint matches the daily rows.
-
-    A fingerprint that does not match means a day was rebuilt (or first built) after the weekly row:
-    that week's daily sketches are used instead, so the report never mixes in a stale union.
-    """
+def plan_sketches(groups: dict[Key, list[sa.Row[Any]]], fresh_weeks: set[tuple[date, Key]]) -> SketchPlan:
+    """Use a week's weekly sketch where ``fresh_weeks`` has it, the daily sketches of every other day."""
     weeks: dict[Key, list[date]] = defaultdict(list)
     days: dict[Key, list[date]] = defaultdict(list)
+    monday_of: dict[date, date] = {}
     for key, members in groups.items():
         if any(m.unique_actors is None for m in members):
             continue  # the union is unknown anyway; no sketch is read
-        by_week: dict[date, list[sa.Row[Any]]] = defaultdict(list)
         for m in members:
-            by_week[week_start(m.day)].append(m)
-        for monday, in_week in by_week.items():
-            whole = (start is None or monday >= start) and (end is None or monday + timedelta(days=6) <= end)
-            current = (len(in_week), sum(m.raw_count for m in in_week), max(m.rolled_up_at for m in in_week))
-            if whole and weekly.get((monday, key)) == current:
+            monday = monday_of.get(m.day)
+            if monday is None:
+                monday = monday_of[m.day] = week_start(m.day)
+            if (monday, key) not in fresh_weeks:
+                days[key].append(m.day)
+            elif not weeks[key] or weeks[key][-1] != monday:  # members come in day order
                 weeks[key].append(monday)
-            else:
-                days[key] += [m.day for m in in_week]
-    return SketchPlan(weeks=dict(weeks), days=dict(days))
+    return SketchPlan(weeks={k: v for k, v in weeks.items() if v}, days=dict(days))
+
+
+def _monday(day_column: sa.ColumnElement[date], dialect: sa.Dialect) -> sa.ColumnElement[date]:
+    """The Monday of a date column's ISO week, in SQL (rollup.week_start in Python)."""
+    if dialect.name == "postgresql":
+        return sa.cast(sa.func.date_trunc("week", day_column), sa.Date)
+    # 'weekday 0' moves to the next Sunday (a Sunday stays), six days back is that week's Monday.
+    return sa.type_coerce(sa.func.date(day_column, "weekday 0", "-6 days"), sa.Date)
+
+
+def fresh_weekly_sketches(
+    conn: sa.Connection, campaign_id: str, start: date | None, end: date | None
+) -> dict[tuple[date, Key], bytes | None]:
+    """Weekly sketches of the weeks wholly inside [start, end] whose fingerprint matches the daily rows now.
+
+    The fingerprint (rows, summed raw_count, latest rolled_up_at) is recomputed from the daily rollup
+    in the same statement: a day rebuilt or added after its week was refreshed makes the week stale,
+    and a stale week is not returned, so the report uses that week's daily sketches instead.
+    """
+    w, d = measurement_weekly_sketch, measurement_daily_rollup
+    monday = _monday(d.c.day, conn.dialect).label("week_start")
+    current = sa.select(
+        monday,
+        d.c.source,
+        d.c.stage,
+        d.c.event_type,
+        sa.func.count().label("days"),
+        sa.func.sum(d.c.raw_count).label("raw_count"),
+        sa.func.max(d.c.rolled_up_at).label("latest"),
+    ).where(d.c.campaign_id == campaign_id)
+    weeks = sa.select(w.c.week_start, w.c.source, w.c.stage, w.c.event_type, w.c.actors_hll).where(
+        w.c.campaign_id == campaign_id
+    )
+    if start:
+        current = current.where(d.c.day >= start)
+        weeks = weeks.where(w.c.week_start >= start)
+    if end:
+        current = current.where(d.c.day <= end)
+        weeks = weeks.where(w.c.week_start <= end - timedelta(days=6))
+    c = current.group_by(monday, d.c.source, d.c.stage, d.c.event_type).cte("current_weeks")
+    query = weeks.join(
+        c,
+        sa.and_(
+            c.c.week_start == w.c.week_start,
+            c.c.source == w.c.source,
+            c.c.stage == w.c.stage,
+            c.c.event_type == w.c.event_type,
+            c.c.days == w.c.days,
+            c.c.raw_count == w.c.raw_count,
+            c.c.latest == w.c.daily_rolled_up_at,
+        ),
+    )
+    return {(row[0], (row[1], row[2], row[3])): row[4] for row in conn.execute(query)}
+
+
+def whole_week_span(start: date | None, end: date | None) -> tuple[date | None, date | None]:
+    """The first Monday and last Sunday of the whole ISO weeks in [start, end] (None: unbounded)."""
+    first = start + timedelta(days=(7 - start.weekday()) % 7) if start else None
+    last = end - timedelta(days=(end.weekday() + 1) % 7) if end else None
+    return first, last
 
 
 def range_sketches(
     conn: sa.Connection, campaign_id: str, groups: dict[Key, list[sa.Row[Any]]], start: date | None, end: date | None
 ) -> tuple[dict[Key, list[bytes | None]], SketchPlan]:
-    """The serialized sketches whose union is each key's range uniques (weekly, then daily), and the plan."""
-    w, r = measurement_weekly_sketch, measurement_daily_rollup
-    # Only weeks that can lie wholly in the range; a stale row's sketch is read and then not used.
-    weekly_rows = conn.execute(
-        sa.select(
-            w.c.week_start,
-            w.c.source,
-            w.c.stage,
-            w.c.event_type,
-            w.c.days,
-            w.c.raw_count,
-            w.c.daily_rolled_up_at,
-            w.c.actors_hll,
-        ).where(
-            w.c.campaign_id == campaign_id,
-            *([w.c.week_start >= start] if start else []),
-            *([w.c.week_start <= end - timedelta(days=6)] if end else []),
-        )
-    ).all()
-    fingerprints = {(row[0], (row[1], row[2], row[3])): (row[4], row[5], row[6]) for row in weekly_rows}
-    weekly_sketches = {(row[0], (row[1], row[2], row[3])): row[7] for row in weekly_rows}
-    plan = plan_sketches(groups, fingerprints, start, end)
+    """The serialized sketches whose union is each key's range uniques, and the plan that chose them.
+
+    Whole fresh weeks come from measurement_weekly_sketch, days outside whole weeks from their rows
+    (``edge_hll``, read with them), and only the days of stale weeks take one more read.
+    """
+    weekly = fresh_weekly_sketches(conn, campaign_id, start, end)
+    plan = plan_sketches(groups, set(weekly))
+    first, last = whole_week_span(start, end)
     parts: dict[Key, list[bytes | None]] = defaultdict(list)
     for key, mondays in plan.weeks.items():
-        parts[key] += [weekly_sketches[(monday, key)] for monday in mondays]
-    wanted_days = {(day, key) for key, days in plan.days.items() for day in days}
-    if wanted_days:
+        parts[key] += [weekly[(monday, key)] for monday in mondays]
+    stale: set[tuple[date, Key]] = set()
+    for key, days in plan.days.items():
+        wanted = set(days)
+        for m in groups[key]:
+            if m.day not in wanted:
+                continue
+            if (first and m.day < first) or (last and m.day > last):
+                parts[key].append(m.edge_hll)
+            else:
+                stale.add((m.day, key))
+    if stale:
+        r = measurement_daily_rollup
         query = sa.select(r.c.day, r.c.source, r.c.stage, r.c.event_type, r.c.actors_hll).where(
-            r.c.campaign_id == campaign_id, r.c.day.in_(sorted({day for day, _ in wanted_days}))
+            r.c.campaign_id == campaign_id, r.c.day.in_(sorted({day for day, _ in stale}))
         )
         for row in conn.execute(query):
             key = (row.source, row.stage, row.event_type)
-            if (row.day, key) in wanted_days:
+            if (row.day, key) in stale:
                 parts[key].append(row.actors_hll)
     return parts, plan
 

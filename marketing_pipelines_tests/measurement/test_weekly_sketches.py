@@ -151,30 +151,61 @@ def test_a_stale_weekly_row_is_ignored_until_its_week_is_refreshed(
     assert totals(report(engine)) == recount(built + late, "alpha")
 
 
-def test_plan_takes_a_week_only_when_whole_in_range_and_fingerprint_matches() -> None:
+def test_plan_uses_fresh_weeks_and_the_days_of_every_other_week() -> None:
     from collections import namedtuple
 
     from marketing_pipelines.measurement.report import plan_sketches
 
-    Row = namedtuple("Row", "day raw_count unique_actors rolled_up_at")
-    at = datetime(2026, 11, 20, tzinfo=UTC)
+    Row = namedtuple("Row", "day raw_count unique_actors")
     key = ("first_party", "awareness", "page_view")
-    rows = [Row(day, 2, 1, at) for day in DAYS]  # Mon 2 Nov .. Wed 18 Nov
-    weekly = {(monday, key): (7, 14, at) for monday in (date(2026, 11, 2), date(2026, 11, 9))}
+    rows = [Row(day, 2, 1) for day in DAYS]  # Mon 2 Nov .. Wed 18 Nov
+    fresh = {(date(2026, 11, 2), key), (date(2026, 11, 9), key)}
 
-    plan = plan_sketches({key: rows}, weekly, FIRST, LAST)
+    plan = plan_sketches({key: rows}, fresh)
     assert plan.weeks == {key: [date(2026, 11, 2), date(2026, 11, 9)]}
     assert plan.days == {key: DAYS[14:]}
 
-    # The range starts on a Tuesday: the first week is partial, so its days are used.
-    plan = plan_sketches({key: rows[1:]}, weekly, DAYS[1], LAST)
-    assert plan.weeks == {key: [date(2026, 11, 9)]} and plan.days[key] == DAYS[1:7] + DAYS[14:]
-
-    # A day rebuilt after the weekly row: a newer rolled_up_at breaks that week's fingerprint.
-    rebuilt = [r._replace(rolled_up_at=at + timedelta(seconds=1)) if r.day == DAYS[8] else r for r in rows]
-    plan = plan_sketches({key: rebuilt}, weekly, FIRST, LAST)
-    assert plan.weeks == {key: [date(2026, 11, 2)]} and plan.days[key] == DAYS[7:]
+    plan = plan_sketches({key: rows}, {(date(2026, 11, 9), key)})
+    assert plan.weeks == {key: [date(2026, 11, 9)]} and plan.days[key] == DAYS[:7] + DAYS[14:]
 
     # Unknown uniques on any day: no sketch is read for that key at all.
     unknown = [r._replace(unique_actors=None) if r.day == DAYS[3] else r for r in rows]
-    assert plan_sketches({key: unknown}, weekly, FIRST, LAST) == type(plan)(weeks={}, days={})
+    assert plan_sketches({key: unknown}, fresh) == type(plan)(weeks={}, days={})
+
+
+def test_fingerprint_is_recomputed_from_the_daily_rows(engine: sa.Engine, built: list[dict[str, Any]]) -> None:
+    from marketing_pipelines.measurement.report import fresh_weekly_sketches
+
+    with engine.connect() as conn:
+        assert set(fresh_weekly_sketches(conn, "alpha", FIRST, LAST)) == {
+            (monday, (row.source, row.stage, row.event_type))
+            for monday in (date(2026, 11, 2), date(2026, 11, 9))
+            for row in conn.execute(
+                sa.select(weekly_table).where(
+                    weekly_table.c.campaign_id == "alpha", weekly_table.c.week_start == monday
+                )
+            )
+        }
+        # Partial weeks at either end are never returned.
+        assert {m for m, _ in fresh_weekly_sketches(conn, "alpha", date(2026, 11, 3), date(2026, 11, 15))} == {
+            date(2026, 11, 9)
+        }
+    # Each part of the fingerprint on its own makes the week stale.
+    d = daily_table
+    one_row = sa.and_(d.c.campaign_id == "alpha", d.c.day == date(2026, 11, 10), d.c.stage == "awareness")
+    for change in (
+        {"raw_count": d.c.raw_count + 1},
+        {"rolled_up_at": datetime(2030, 1, 1, tzinfo=UTC)},
+    ):
+        with engine.begin() as conn:
+            conn.execute(sa.update(d).where(one_row).values(change))
+        with engine.connect() as conn:
+            stale = fresh_weekly_sketches(conn, "alpha", FIRST, LAST)
+        assert (date(2026, 11, 9), ("first_party", "awareness", "page_view")) not in stale
+        replace_rollup_day(engine, date(2026, 11, 10))  # rebuilds the day and refreshes its week
+    with engine.begin() as conn:
+        conn.execute(sa.delete(d).where(one_row))
+    with engine.connect() as conn:
+        assert (date(2026, 11, 9), ("first_party", "awareness", "page_view")) not in fresh_weekly_sketches(
+            conn, "alpha", FIRST, LAST
+        )
