@@ -201,7 +201,8 @@ def measurement_daily_rollup(context: dg.AssetExecutionContext, app_db: AppDatab
     its raw_count, its exact unique_actors that day (NULL for imported rows, whose actors are unknown) and
     the serialized HLL sketch of its actor ids, which the report merges for unique actors over a range.
     Sources: ``first_party`` events, ``site_analytics`` pageviews (by campaign.utm_campaign) and
-    ``github_releases`` downloads (by campaign.github_repo).
+    ``github_releases`` downloads (by campaign.github_repo). Also refreshes the day's ISO week in
+    ``measurement_weekly_sketch``, the per-week sketch unions the report merges for whole weeks.
     """
     day = partition_day(context)
     engine = app_db.ready_engine()
@@ -219,8 +220,10 @@ def measurement_daily_rollup(context: dg.AssetExecutionContext, app_db: AppDatab
                 "site_pageviews": summary.site_pageviews,
                 "downloads": summary.downloads,
                 "campaigns": summary.campaigns,
+                "weekly_sketch_rows": summary.week_rows,
             }
-        ),
+        )
+        | {"week_start": dg.MetadataValue.text(summary.week_start.isoformat())},
         check_results=checks,
     )
 

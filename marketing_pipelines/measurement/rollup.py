@@ -164,6 +164,8 @@ class RollupSummary:
     site_pageviews: int
     downloads: int
     campaigns: int
+    week_start: date
+    week_rows: int  # measurement_weekly_sketch rows of the day's week after its refresh
 
 
 @contextmanager
@@ -255,7 +257,7 @@ def replace_rollup_day(engine: sa.Engine, day: date) -> RollupSummary:
         ).all()
         campaigns = conn.execute(sa.select(sa.func.count(sa.distinct(r.c.campaign_id))).where(r.c.day == day)).scalar()
     # After the day's commit, in a transaction of its own: see refresh_week for why.
-    refresh_week(engine, week_start(day))
+    week_rows = refresh_week(engine, week_start(day))
     by_source = {t.source: t for t in totals}
 
     def total(source: str, field: str) -> int:
@@ -271,6 +273,8 @@ def replace_rollup_day(engine: sa.Engine, day: date) -> RollupSummary:
         site_pageviews=total(SITE_ANALYTICS, "raw_count"),
         downloads=total(GITHUB_RELEASES, "raw_count"),
         campaigns=int(campaigns or 0),
+        week_start=week_start(day),
+        week_rows=week_rows,
     )
 
 

@@ -89,6 +89,9 @@ def test_rematerializing_a_partition_is_idempotent(engine: sa.Engine, db_url: st
     metadata = [r.asset_materializations_for_node("measurement_daily_rollup")[0].metadata for r in (first, second)]
     assert metadata[0]["rows"] == metadata[1]["rows"]
     assert metadata[0]["first_party_events"].value == int(before["raw_count"].sum())
+    # Its week in the weekly sketch index is rebuilt too: one row per key of the one rolled-up day.
+    assert metadata[1]["week_start"].value == "2026-11-23"
+    assert metadata[1]["weekly_sketch_rows"].value == len(before) == metadata[1]["rows"].value
 
 
 def test_a_day_is_utc_midnight_to_midnight(engine: sa.Engine) -> None:

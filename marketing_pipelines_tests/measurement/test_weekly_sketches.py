@@ -209,3 +209,54 @@ def test_fingerprint_is_recomputed_from_the_daily_rows(engine: sa.Engine, built:
         assert (date(2026, 11, 9), ("first_party", "awareness", "page_view")) not in fresh_weekly_sketches(
             conn, "alpha", FIRST, LAST
         )
+
+
+def _rebuild_day(db_url: str, day: date, rounds: int, start: Any, out: Any) -> None:
+    from marketing_pipelines.db.engine import get_engine
+
+    engine = get_engine(db_url)
+    start.wait()
+    try:
+        for _ in range(rounds):
+            replace_rollup_day(engine, day)
+        out.put(None)
+    except Exception as exc:  # reported to the test, which fails with it
+        out.put(repr(exc))
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_days_of_one_week_rolled_up_at_once_leave_a_fresh_week(database: str, request: pytest.FixtureRequest) -> None:
+    """Seven processes rebuild the seven days of one week at the same moment, several times over."""
+    import multiprocessing as mp
+
+    from marketing_pipelines.db.engine import get_engine
+    from marketing_pipelines.measurement.report import fresh_weekly_sketches
+
+    db_url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "pg_url")
+    engine = get_engine(db_url)
+    week = [date(2026, 11, 9) + timedelta(days=i) for i in range(7)]
+    generated = events(day_list=week)
+    seed(engine, generated)
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Barrier(len(week) + 1, timeout=120), ctx.Queue()
+    procs = [ctx.Process(target=_rebuild_day, args=(db_url, day, 4, start, out)) for day in week]
+    for p in procs:
+        p.start()
+    start.wait()
+    errors = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert errors == [None] * len(week)
+
+    with engine.connect() as conn:
+        keys = conn.execute(
+            sa.select(daily_table.c.campaign_id, daily_table.c.source, daily_table.c.stage, daily_table.c.event_type)
+            .distinct()
+            .where(daily_table.c.day.in_(week))
+        ).all()
+        for campaign in ("alpha", "bravo"):
+            fresh = fresh_weekly_sketches(conn, campaign, week[0], week[-1])
+            assert set(fresh) == {(week[0], tuple(k[1:])) for k in keys if k[0] == campaign}
+    with engine.connect() as conn:
+        report = measurement_report(conn, "alpha", week[0], week[-1])
+    assert totals(report) == recount(generated, "alpha")
