@@ -133,7 +133,7 @@ def measurement_report(
         day, source, stage, event_type, raw_count, unique_actors, _ = row
         daily.append(DailyPoint(day, source, stage, event_type, raw_count, unique_actors))
         groups[(source, stage, event_type)].append(row)
-    parts, _plan = range_sketches(conn, campaign_id, groups, start, end)
+    parts = range_sketches(conn, campaign_id, groups, start, end)
     unions = {key: _union(members, parts[key]) for key, members in groups.items()}
     totals = tuple(_range_total(key, members, unions[key]) for key, members in sorted(groups.items()))
 
@@ -249,8 +249,8 @@ def whole_week_span(start: date | None, end: date | None) -> tuple[date | None, 
 
 def range_sketches(
     conn: sa.Connection, campaign_id: str, groups: dict[Key, list[sa.Row[Any]]], start: date | None, end: date | None
-) -> tuple[dict[Key, list[bytes | None]], SketchPlan]:
-    """The serialized sketches whose union is each key's range uniques, and the plan that chose them.
+) -> dict[Key, list[bytes | None]]:
+    """The serialized sketches whose union is each key's range uniques.
 
     Whole fresh weeks come from measurement_weekly_sketch, days outside whole weeks from their rows
     (``edge_hll``, read with them), and only the days of stale weeks take one more read.
@@ -280,7 +280,7 @@ def range_sketches(
             key = (row.source, row.stage, row.event_type)
             if (row.day, key) in stale:
                 parts[key].append(row.actors_hll)
-    return parts, plan
+    return parts
 
 
 def _union(members: list[sa.Row[Any]], parts: list[bytes | None]) -> sketches.datasketches.hll_sketch | None:
