@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from marketing_pipelines.db.campaigns import InvalidInput, require_campaign
 from marketing_pipelines.db.schema import measurement_daily_rollup, measurement_weekly_sketch
 from marketing_pipelines.measurement import sketches
-from marketing_pipelines.measurement.rollup import FIRST_PARTY, week_start
+from marketing_pipelines.measurement.rollup import FIRST_PARTY, week_start, week_start_sql
 
 FORMATS = ("table", "csv", "json")
 Key = tuple[str, str, str]  # source, stage, event_type
@@ -133,7 +133,7 @@ def measurement_report(
         day, source, stage, event_type, raw_count, unique_actors, _ = row
         daily.append(DailyPoint(day, source, stage, event_type, raw_count, unique_actors))
         groups[(source, stage, event_type)].append(row)
-    parts = range_sketches(conn, campaign_id, groups, start, end)
+    parts = range_sketches(conn, campaign_id, groups, start, end, span)
     unions = {key: _union(members, parts[key]) for key, members in groups.items()}
     totals = tuple(_range_total(key, members, unions[key]) for key, members in sorted(groups.items()))
 
@@ -178,15 +178,6 @@ def plan_sketches(groups: dict[Key, list[sa.Row[Any]]], fresh_weeks: set[tuple[d
     return SketchPlan(weeks={k: v for k, v in weeks.items() if v}, days=dict(days))
 
 
-def _monday(day_column: sa.ColumnElement[date], dialect: sa.Dialect) -> sa.ColumnElement[date]:
-    """The Monday of a date column's ISO week, in SQL (rollup.week_start in Python)."""
-    if dialect.name == "postgresql":
-        # Through a timestamp without time zone, so the session's TimeZone plays no part.
-        return sa.cast(sa.func.date_trunc("week", sa.cast(day_column, sa.DateTime())), sa.Date)
-    # 'weekday 0' moves to the next Sunday (a Sunday stays), six days back is that week's Monday.
-    return sa.type_coerce(sa.func.date(day_column, "weekday 0", "-6 days"), sa.Date)
-
-
 def fresh_weekly_sketches(
     conn: sa.Connection, campaign_id: str, start: date | None, end: date | None
 ) -> dict[tuple[date, Key], bytes | None]:
@@ -199,7 +190,7 @@ def fresh_weekly_sketches(
     re-aggregating per weekly row took 100 ms right after a backfill), these two plans do not.
     """
     w, d = measurement_weekly_sketch, measurement_daily_rollup
-    monday = _monday(d.c.day, conn.dialect)
+    monday = week_start_sql(d.c.day, conn.dialect)
     current_query = (
         sa.select(
             monday,
@@ -248,16 +239,22 @@ def whole_week_span(start: date | None, end: date | None) -> tuple[date | None, 
 
 
 def range_sketches(
-    conn: sa.Connection, campaign_id: str, groups: dict[Key, list[sa.Row[Any]]], start: date | None, end: date | None
+    conn: sa.Connection,
+    campaign_id: str,
+    groups: dict[Key, list[sa.Row[Any]]],
+    start: date | None,
+    end: date | None,
+    span: tuple[date | None, date | None],
 ) -> dict[Key, list[bytes | None]]:
     """The serialized sketches whose union is each key's range uniques.
 
     Whole fresh weeks come from measurement_weekly_sketch, days outside whole weeks from their rows
-    (``edge_hll``, read with them), and only the days of stale weeks take one more read.
+    (``edge_hll``, read with them), and only the days of stale weeks take one more read. ``span`` is
+    ``whole_week_span(start, end)``, which also chose the edge days the rows carry sketches for.
     """
     weekly = fresh_weekly_sketches(conn, campaign_id, start, end)
     plan = plan_sketches(groups, set(weekly))
-    first, last = whole_week_span(start, end)
+    first, last = span
     parts: dict[Key, list[bytes | None]] = defaultdict(list)
     for key, mondays in plan.weeks.items():
         parts[key] += [weekly[(monday, key)] for monday in mondays]

@@ -48,7 +48,7 @@ def upgrade() -> None:
         unique=False,
     )
     # Existing daily rollups get their weekly rows on the next rebuild of any day of the week
-    # (`marketing-pipelines report rebuild-weeks` does all at once); until then reports use the daily sketches.
+    # (`marketing-pipelines db rebuild-weekly-sketches` does all at once); until then reports use the daily sketches.
 
 
 def downgrade() -> None:
