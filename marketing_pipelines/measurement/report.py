@@ -5,6 +5,11 @@ rows' HLL sketches: an estimate (about 1.6 % standard error, exact for a few hun
 marked ``unique_actors_exact=False`` whenever it merges more than one row. Whole weeks of the range
 are merged from ``measurement_weekly_sketch`` (one sketch instead of seven) while their fingerprint
 matches the daily rows, which keeps a long range's latency bounded by weeks, not days.
+
+The report is read in at most three statements whatever the range: the daily rows (with the
+sketches of the days outside whole weeks), the weekly sketches, and only when some week is stale the
+daily sketches of that week. Each daily row is touched once in Python, where it is also summed into
+its key's range and its week's fingerprint; docs/PERFORMANCE.md has the measured costs.
 """
 
 from __future__ import annotations
@@ -13,19 +18,21 @@ import csv
 import io
 import json
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
 from datetime import date, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
 from marketing_pipelines.db.campaigns import InvalidInput, require_campaign
 from marketing_pipelines.db.schema import measurement_daily_rollup, measurement_weekly_sketch
 from marketing_pipelines.measurement import sketches
-from marketing_pipelines.measurement.rollup import FIRST_PARTY, week_start, week_start_sql
+from marketing_pipelines.measurement.rollup import FIRST_PARTY, week_start
 
 FORMATS = ("table", "csv", "json")
 Key = tuple[str, str, str]  # source, stage, event_type
+Sketch = sketches.datasketches.hll_sketch
 
 
 @dataclass(frozen=True)
@@ -40,9 +47,12 @@ class RangeTotal:
     unique_actors_exact: bool
 
 
-@dataclass(frozen=True)
-class DailyPoint:
-    """One (day, source, stage, event type) as rolled up; its unique_actors is exact."""
+class DailyPoint(NamedTuple):
+    """One (day, source, stage, event type) as rolled up; its unique_actors is exact.
+
+    A named tuple, not a frozen dataclass: a 90-day series of a busy campaign has thousands of
+    points, and a frozen dataclass costs ten times as much to build (docs/PERFORMANCE.md).
+    """
 
     day: date
     source: str
@@ -100,135 +110,36 @@ def measurement_report(
     require_campaign(conn, campaign_id)
     if start and end and start > end:
         raise InvalidInput(f"--from {start} is after --to {end}")
-    r = measurement_daily_rollup
-    span = whole_week_span(start, end)
-    # Days outside the whole weeks can only be merged from their daily sketch: read it with the row.
-    edge = sa.or_(
-        *([r.c.day < span[0]] if span[0] else []),
-        *([r.c.day > span[1]] if span[1] else []),
-        sa.false(),
-    )
-    query = (
-        sa.select(
-            r.c.day,
-            r.c.source,
-            r.c.stage,
-            r.c.event_type,
-            r.c.raw_count,
-            r.c.unique_actors,
-            sa.case((edge, r.c.actors_hll), else_=sa.null()).label("edge_hll"),
-        )
-        .where(r.c.campaign_id == campaign_id)
-        .order_by(r.c.day, r.c.source, r.c.stage, r.c.event_type)
-    )
-    if start:
-        query = query.where(r.c.day >= start)
-    if end:
-        query = query.where(r.c.day <= end)
-    rows = conn.execute(query).all()
-
-    daily: list[DailyPoint] = []
-    groups: dict[Key, list[sa.Row[Any]]] = defaultdict(list)
-    for row in rows:
-        day, source, stage, event_type, raw_count, unique_actors, _ = row
-        daily.append(DailyPoint(day, source, stage, event_type, raw_count, unique_actors))
-        groups[(source, stage, event_type)].append(row)
-    parts = range_sketches(conn, campaign_id, groups, start, end, span)
-    unions = {key: _union(members, parts[key]) for key, members in groups.items()}
-    totals = tuple(_range_total(key, members, unions[key]) for key, members in sorted(groups.items()))
-
+    daily, ranges = read_days(conn, campaign_id, start, end)
+    parts = range_sketches(conn, campaign_id, ranges, start, end)
+    unions = {key: None if kr.unknown else sketches.merge(parts.get(key, ())) for key, kr in ranges.items()}
+    totals = tuple(_range_total(key, ranges[key], unions[key]) for key in sorted(ranges))
     stages: dict[str, list[Key]] = defaultdict(list)
-    for key in groups:
+    for key in ranges:
         if key[0] == FIRST_PARTY:
             stages[key[1]].append(key)
     return MeasurementReport(
         campaign_id=campaign_id,
-        start=start or (rows[0].day if rows else None),
-        end=end or (rows[-1].day if rows else None),
+        start=start or (daily[0].day if daily else None),
+        end=end or (daily[-1].day if daily else None),
         totals=totals,
         daily=tuple(daily),
-        funnel=_funnel(stages, groups, unions, stage_order),
+        funnel=_funnel(stages, ranges, unions, stage_order),
     )
 
 
-@dataclass(frozen=True)
-class SketchPlan:
-    """Which sketches make up each key's range union: weekly rows where they are whole and fresh, else daily rows."""
+@dataclass(slots=True)
+class KeyRange:
+    """One key's daily rows over the range, summed while they are read."""
 
-    weeks: dict[Key, list[date]]  # week_start of each weekly sketch to use
-    days: dict[Key, list[date]]  # days whose daily sketch to use
-
-
-def plan_sketches(groups: dict[Key, list[sa.Row[Any]]], fresh_weeks: set[tuple[date, Key]]) -> SketchPlan:
-    """Use a week's weekly sketch where ``fresh_weeks`` has it, the daily sketches of every other day."""
-    weeks: dict[Key, list[date]] = defaultdict(list)
-    days: dict[Key, list[date]] = defaultdict(list)
-    monday_of: dict[date, date] = {}
-    for key, members in groups.items():
-        if any(m.unique_actors is None for m in members):
-            continue  # the union is unknown anyway; no sketch is read
-        for m in members:
-            monday = monday_of.get(m.day)
-            if monday is None:
-                monday = monday_of[m.day] = week_start(m.day)
-            if (monday, key) not in fresh_weeks:
-                days[key].append(m.day)
-            elif not weeks[key] or weeks[key][-1] != monday:  # members come in day order
-                weeks[key].append(monday)
-    return SketchPlan(weeks={k: v for k, v in weeks.items() if v}, days=dict(days))
-
-
-def fresh_weekly_sketches(
-    conn: sa.Connection, campaign_id: str, start: date | None, end: date | None
-) -> dict[tuple[date, Key], bytes | None]:
-    """Weekly sketches of the weeks wholly inside [start, end] whose fingerprint matches the daily rows now.
-
-    The fingerprint (rows, summed raw_count, latest rolled_up_at) is recomputed from the daily rollup
-    here: a day rebuilt or added after its week was refreshed makes the week stale, and a stale week
-    is not returned, so the report uses that week's daily sketches instead. Two small reads compared
-    in Python rather than one join: the join's plan depended on fresh table statistics (a nested loop
-    re-aggregating per weekly row took 100 ms right after a backfill), these two plans do not.
-    """
-    w, d = measurement_weekly_sketch, measurement_daily_rollup
-    monday = week_start_sql(d.c.day, conn.dialect)
-    current_query = (
-        sa.select(
-            monday,
-            d.c.source,
-            d.c.stage,
-            d.c.event_type,
-            sa.func.count(),
-            sa.func.sum(d.c.raw_count),
-            sa.func.max(d.c.rolled_up_at),
-        )
-        .where(d.c.campaign_id == campaign_id)
-        .group_by(monday, d.c.source, d.c.stage, d.c.event_type)
-    )
-    weekly_query = sa.select(
-        w.c.week_start,
-        w.c.source,
-        w.c.stage,
-        w.c.event_type,
-        w.c.days,
-        w.c.raw_count,
-        w.c.daily_rolled_up_at,
-        w.c.actors_hll,
-    ).where(w.c.campaign_id == campaign_id)
-    if start:
-        current_query = current_query.where(d.c.day >= start)
-        weekly_query = weekly_query.where(w.c.week_start >= start)
-    if end:
-        current_query = current_query.where(d.c.day <= end)
-        weekly_query = weekly_query.where(w.c.week_start <= end - timedelta(days=6))
-    weekly = conn.execute(weekly_query).all()
-    if not weekly:
-        return {}
-    current = {tuple(row[:4]): (row[4], row[5], row[6]) for row in conn.execute(current_query)}
-    return {
-        (row[0], (row[1], row[2], row[3])): row[7]
-        for row in weekly
-        if current.get(tuple(row[:4])) == (row[4], row[5], row[6])
-    }
+    raw_count: int = 0
+    days: int = 0
+    last_unique: int | None = None  # the uniques of the latest day: exact for the range when days == 1
+    unknown: bool = False  # some day's uniques are unknown (no sketch), so the range's are too
+    edge_sketches: list[bytes | None] = field(default_factory=list)  # days outside the range's whole weeks
+    # Monday -> [days, summed raw_count, latest rolled_up_at, the days]: the week's fingerprint as the
+    # daily rows stand now, compared with the one its weekly sketch was built from.
+    weeks: dict[date, list[Any]] = field(default_factory=dict)
 
 
 def whole_week_span(start: date | None, end: date | None) -> tuple[date | None, date | None]:
@@ -238,83 +149,194 @@ def whole_week_span(start: date | None, end: date | None) -> tuple[date | None, 
     return first, last
 
 
+def instant_sql(column: sa.ColumnElement[Any], dialect: sa.Dialect) -> sa.ColumnElement[Any]:
+    """A timestamp column as a value that compares and orders like it but costs nothing to fetch.
+
+    PostgreSQL: whole microseconds since the epoch (a bigint; psycopg2 builds an aware datetime per
+    timestamptz, which took longer than the rest of the row). SQLite: the stored text, which is
+    fixed-width UTC (``YYYY-MM-DD HH:MM:SS.ffffff``), so it orders as the instants do.
+    """
+    if dialect.name == "postgresql":
+        return sa.cast(sa.extract("epoch", column) * 1_000_000, sa.BigInteger)
+    return sa.type_coerce(column, sa.String)
+
+
+def read_days(
+    conn: sa.Connection, campaign_id: str, start: date | None, end: date | None
+) -> tuple[list[DailyPoint], dict[Key, KeyRange]]:
+    """The campaign's daily points over [start, end] in (day, source, stage, event type) order, and per key
+    their range sums, weekly fingerprints and the sketches of the days outside whole weeks."""
+    r = measurement_daily_rollup
+    first, last = whole_week_span(start, end)
+    # Days outside the whole weeks can only be merged from their daily sketch: read it with the row.
+    edge = sa.or_(*([r.c.day < first] if first else []), *([r.c.day > last] if last else []), sa.false())
+    query = sa.select(
+        r.c.day,
+        r.c.source,
+        r.c.stage,
+        r.c.event_type,
+        r.c.raw_count,
+        r.c.unique_actors,
+        instant_sql(r.c.rolled_up_at, conn.dialect),
+        sa.case((edge, r.c.actors_hll), else_=sa.null()),
+    ).where(r.c.campaign_id == campaign_id)
+    if start:
+        query = query.where(r.c.day >= start)
+    if end:
+        query = query.where(r.c.day <= end)
+
+    daily: list[DailyPoint] = []
+    ranges: dict[Key, KeyRange] = {}
+    mondays: dict[date, date | None] = {}  # None: an edge day
+    for day, source, stage, event_type, raw_count, unique_actors, rolled_up_at, edge_hll in conn.execute(query).all():
+        daily.append(DailyPoint(day, source, stage, event_type, raw_count, unique_actors))
+        key = (source, stage, event_type)
+        kr = ranges.get(key)
+        if kr is None:
+            kr = ranges[key] = KeyRange()
+        kr.raw_count += raw_count
+        kr.days += 1
+        kr.last_unique = unique_actors
+        if unique_actors is None:
+            kr.unknown = True
+        if day in mondays:
+            monday = mondays[day]
+        else:
+            inside = (first is None or day >= first) and (last is None or day <= last)
+            monday = mondays[day] = week_start(day) if inside else None
+        if monday is None:
+            kr.edge_sketches.append(edge_hll)
+            continue
+        week = kr.weeks.get(monday)
+        if week is None:
+            kr.weeks[monday] = [1, raw_count, rolled_up_at, [day]]
+        else:
+            week[0] += 1
+            week[1] += raw_count
+            week[2] = max(week[2], rolled_up_at)
+            week[3].append(day)
+    # Sorted here rather than in SQL: Python orders strings by code point on both databases, where
+    # ORDER BY would follow the server's collation, and it is cheaper than the server's sort.
+    daily.sort()
+    return daily, ranges
+
+
+def fresh_weekly_sketches(
+    conn: sa.Connection, campaign_id: str, ranges: dict[Key, KeyRange], start: date | None, end: date | None
+) -> dict[tuple[date, Key], bytes | None]:
+    """Weekly sketches of the weeks wholly inside [start, end] whose fingerprint matches the daily rows now.
+
+    The fingerprint (rows, summed raw_count, latest rolled_up_at) of each week as the daily rows
+    stand now was summed by ``read_days``: a day rebuilt or added after its week was refreshed makes
+    the week stale, and a stale week is not returned, so the report merges that week's daily
+    sketches instead. Compared in Python: a join in SQL got a plan that depended on fresh table
+    statistics (a nested loop re-aggregating per weekly row took 100 ms right after a backfill).
+    """
+    w = measurement_weekly_sketch
+    query = sa.select(
+        w.c.week_start,
+        w.c.source,
+        w.c.stage,
+        w.c.event_type,
+        w.c.days,
+        w.c.raw_count,
+        instant_sql(w.c.daily_rolled_up_at, conn.dialect),
+        w.c.actors_hll,
+    ).where(w.c.campaign_id == campaign_id)
+    if start:
+        query = query.where(w.c.week_start >= start)
+    if end:
+        query = query.where(w.c.week_start <= end - timedelta(days=6))
+    fresh: dict[tuple[date, Key], bytes | None] = {}
+    for monday, source, stage, event_type, days, raw_count, rolled_up_at, actors_hll in conn.execute(query).all():
+        key = (source, stage, event_type)
+        kr = ranges.get(key)
+        week = kr.weeks.get(monday) if kr else None
+        if week is not None and week[0] == days and week[1] == raw_count and week[2] == rolled_up_at:
+            fresh[(monday, key)] = actors_hll
+    return fresh
+
+
+@dataclass(frozen=True)
+class SketchPlan:
+    """Which sketches make up each key's range union: weekly rows where they are whole and fresh, else daily rows."""
+
+    weeks: dict[Key, list[date]]  # week_start of each weekly sketch to use
+    days: dict[Key, list[date]]  # days (inside whole weeks) whose daily sketch to use
+
+
+def plan_sketches(ranges: dict[Key, KeyRange], fresh_weeks: Iterable[tuple[date, Key]]) -> SketchPlan:
+    """Use a week's weekly sketch where ``fresh_weeks`` has it, the daily sketches of every other week's days.
+
+    Edge days (outside whole weeks) are not planned: their sketches came with the daily rows.
+    """
+    fresh = set(fresh_weeks)
+    weeks: dict[Key, list[date]] = {}
+    days: dict[Key, list[date]] = {}
+    for key, kr in ranges.items():
+        if kr.unknown:
+            continue  # the union is unknown anyway; no sketch is read
+        for monday, week in kr.weeks.items():
+            if (monday, key) in fresh:
+                weeks.setdefault(key, []).append(monday)
+            else:
+                days.setdefault(key, []).extend(week[3])
+    return SketchPlan(weeks=weeks, days=days)
+
+
 def range_sketches(
-    conn: sa.Connection,
-    campaign_id: str,
-    groups: dict[Key, list[sa.Row[Any]]],
-    start: date | None,
-    end: date | None,
-    span: tuple[date | None, date | None],
+    conn: sa.Connection, campaign_id: str, ranges: dict[Key, KeyRange], start: date | None, end: date | None
 ) -> dict[Key, list[bytes | None]]:
     """The serialized sketches whose union is each key's range uniques.
 
-    Whole fresh weeks come from measurement_weekly_sketch, days outside whole weeks from their rows
-    (``edge_hll``, read with them), and only the days of stale weeks take one more read. ``span`` is
-    ``whole_week_span(start, end)``, which also chose the edge days the rows carry sketches for.
+    Whole fresh weeks come from measurement_weekly_sketch, edge days from their rows (read with
+    them by ``read_days``), and only the days of stale weeks take one more read.
     """
-    weekly = fresh_weekly_sketches(conn, campaign_id, start, end)
-    plan = plan_sketches(groups, set(weekly))
-    first, last = span
-    parts: dict[Key, list[bytes | None]] = defaultdict(list)
-    for key, mondays in plan.weeks.items():
-        parts[key] += [weekly[(monday, key)] for monday in mondays]
-    stale: set[tuple[date, Key]] = set()
-    for key, days in plan.days.items():
-        wanted = set(days)
-        for m in groups[key]:
-            if m.day not in wanted:
-                continue
-            if (first and m.day < first) or (last and m.day > last):
-                parts[key].append(m.edge_hll)
-            else:
-                stale.add((m.day, key))
+    weekly = fresh_weekly_sketches(conn, campaign_id, ranges, start, end)
+    plan = plan_sketches(ranges, weekly)
+    parts: dict[Key, list[bytes | None]] = {}
+    for key, kr in ranges.items():
+        if not kr.unknown:
+            parts[key] = [*kr.edge_sketches, *(weekly[(monday, key)] for monday in plan.weeks.get(key, ()))]
+    stale = {(day, key) for key, days in plan.days.items() for day in days}
     if stale:
         r = measurement_daily_rollup
         query = sa.select(r.c.day, r.c.source, r.c.stage, r.c.event_type, r.c.actors_hll).where(
             r.c.campaign_id == campaign_id, r.c.day.in_(sorted({day for day, _ in stale}))
         )
-        for row in conn.execute(query):
-            key = (row.source, row.stage, row.event_type)
-            if (row.day, key) in stale:
-                parts[key].append(row.actors_hll)
+        for day, source, stage, event_type, actors_hll in conn.execute(query).all():
+            key = (source, stage, event_type)
+            if (day, key) in stale:
+                parts[key].append(actors_hll)
     return parts
 
 
-def _union(members: list[sa.Row[Any]], parts: list[bytes | None]) -> sketches.datasketches.hll_sketch | None:
-    """The union of a key's range sketches, or None when some day's uniques are unknown."""
-    if any(m.unique_actors is None for m in members):
-        return None
-    return sketches.merge(parts)
-
-
-def _uniques(members: list[sa.Row[Any]], union: sketches.datasketches.hll_sketch | None) -> tuple[int | None, bool]:
+def _uniques(days: int, last_unique: int | None, union: Sketch | None) -> tuple[int | None, bool]:
     if union is None:
         return None, False
-    if len(members) == 1:
-        return members[0].unique_actors, True
+    if days == 1:
+        return last_unique, True
     return sketches.estimate(union), False
 
 
-def _range_total(key: Key, members: list[sa.Row[Any]], union: sketches.datasketches.hll_sketch | None) -> RangeTotal:
-    unique, exact = _uniques(members, union)
-    return RangeTotal(
-        *key, raw_count=sum(m.raw_count for m in members), unique_actors=unique, unique_actors_exact=exact
-    )
+def _range_total(key: Key, kr: KeyRange, union: Sketch | None) -> RangeTotal:
+    unique, exact = _uniques(kr.days, kr.last_unique, union)
+    return RangeTotal(*key, raw_count=kr.raw_count, unique_actors=unique, unique_actors_exact=exact)
 
 
 def _funnel(
     stages: dict[str, list[Key]],
-    groups: dict[Key, list[sa.Row[Any]]],
-    unions: dict[Key, sketches.datasketches.hll_sketch | None],
+    ranges: dict[Key, KeyRange],
+    unions: dict[Key, Sketch | None],
     stage_order: list[str] | None,
 ) -> tuple[FunnelStep, ...]:
     sized: dict[str, tuple[int, bool, int]] = {}
     for stage, keys in stages.items():
-        members = [m for key in keys for m in groups[key]]
         parts = [unions[key] for key in keys]
         union = None if any(p is None for p in parts) else sketches.union_of(p for p in parts if p is not None)
-        unique, exact = _uniques(members, union)
-        sized[stage] = (unique or 0, exact, sum(m.raw_count for m in members))
+        days = sum(ranges[key].days for key in keys)
+        unique, exact = _uniques(days, ranges[keys[0]].last_unique, union)
+        sized[stage] = (unique or 0, exact, sum(ranges[key].raw_count for key in keys))
     order = stage_order or sorted(sized, key=lambda s: (-sized[s][0], -sized[s][2], s))
     steps: list[FunnelStep] = []
     for stage in order:
@@ -357,7 +379,10 @@ CSV_COLUMNS = (
 
 
 def report_as_dict(report: MeasurementReport) -> dict[str, Any]:
-    return json.loads(json.dumps(asdict(report), default=str))
+    """The report as JSON-ready data: days as ISO strings, every row an object."""
+    # asdict alone would keep the daily points as named tuples, which JSON writes as arrays.
+    data = {**asdict(replace(report, daily=())), "daily": [point._asdict() for point in report.daily]}
+    return json.loads(json.dumps(data, default=str))
 
 
 def render(report: MeasurementReport, fmt: str) -> str:
@@ -378,7 +403,7 @@ def render_csv(report: MeasurementReport) -> str:
     for t in report.totals:
         writer.writerow({"section": "total", **_without(asdict(t))})
     for d in report.daily:
-        writer.writerow({"section": "daily", **_without(asdict(d))})
+        writer.writerow({"section": "daily", **_without(d._asdict())})
     for f in report.funnel:
         writer.writerow({"section": "funnel", "source": FIRST_PARTY, **_without(asdict(f))})
     return out.getvalue()

@@ -151,33 +151,40 @@ def test_a_stale_weekly_row_is_ignored_until_its_week_is_refreshed(
     assert totals(report(engine)) == recount(built + late, "alpha")
 
 
-def test_plan_uses_fresh_weeks_and_the_days_of_every_other_week() -> None:
-    from collections import namedtuple
+def test_plan_uses_fresh_weeks_and_the_days_of_every_other_week(engine: sa.Engine, built: list[dict[str, Any]]) -> None:
+    from dataclasses import replace
 
-    from marketing_pipelines.measurement.report import plan_sketches
+    from marketing_pipelines.measurement.report import plan_sketches, read_days
 
-    Row = namedtuple("Row", "day raw_count unique_actors")
     key = ("first_party", "awareness", "page_view")
-    rows = [Row(day, 2, 1) for day in DAYS]  # Mon 2 Nov .. Wed 18 Nov
-    fresh = {(date(2026, 11, 2), key), (date(2026, 11, 9), key)}
+    with engine.connect() as conn:
+        daily, ranges = read_days(conn, "alpha", FIRST, LAST)
+    assert [p.day for p in daily if (p.source, p.stage, p.event_type) == key] == DAYS
+    kr = ranges[key]
+    # Mon 2 Nov .. Sun 15 Nov are two whole weeks; Mon 16 .. Wed 18 Nov are edge days, whose sketches came
+    # with their rows and are never planned.
+    assert list(kr.weeks) == [date(2026, 11, 2), date(2026, 11, 9)]
+    assert len(kr.edge_sketches) == 3 and all(kr.edge_sketches)
 
-    plan = plan_sketches({key: rows}, fresh)
-    assert plan.weeks == {key: [date(2026, 11, 2), date(2026, 11, 9)]}
-    assert plan.days == {key: DAYS[14:]}
+    plan = plan_sketches({key: kr}, {(date(2026, 11, 2), key), (date(2026, 11, 9), key)})
+    assert plan.weeks == {key: [date(2026, 11, 2), date(2026, 11, 9)]} and plan.days == {}
 
-    plan = plan_sketches({key: rows}, {(date(2026, 11, 9), key)})
-    assert plan.weeks == {key: [date(2026, 11, 9)]} and plan.days[key] == DAYS[:7] + DAYS[14:]
+    plan = plan_sketches({key: kr}, {(date(2026, 11, 9), key)})
+    assert plan.weeks == {key: [date(2026, 11, 9)]} and plan.days == {key: DAYS[:7]}
 
     # Unknown uniques on any day: no sketch is read for that key at all.
-    unknown = [r._replace(unique_actors=None) if r.day == DAYS[3] else r for r in rows]
-    assert plan_sketches({key: unknown}, fresh) == type(plan)(weeks={}, days={})
+    assert plan_sketches({key: replace(kr, unknown=True)}, {(date(2026, 11, 9), key)}) == type(plan)(weeks={}, days={})
 
 
 def test_fingerprint_is_recomputed_from_the_daily_rows(engine: sa.Engine, built: list[dict[str, Any]]) -> None:
-    from marketing_pipelines.measurement.report import fresh_weekly_sketches
+    from marketing_pipelines.measurement.report import fresh_weekly_sketches, read_days
+
+    def fresh(conn: sa.Connection, start: date, end: date) -> set[tuple[date, tuple[str, str, str]]]:
+        _, ranges = read_days(conn, "alpha", start, end)
+        return set(fresh_weekly_sketches(conn, "alpha", ranges, start, end))
 
     with engine.connect() as conn:
-        assert set(fresh_weekly_sketches(conn, "alpha", FIRST, LAST)) == {
+        assert fresh(conn, FIRST, LAST) == {
             (monday, (row.source, row.stage, row.event_type))
             for monday in (date(2026, 11, 2), date(2026, 11, 9))
             for row in conn.execute(
@@ -187,9 +194,7 @@ def test_fingerprint_is_recomputed_from_the_daily_rows(engine: sa.Engine, built:
             )
         }
         # Partial weeks at either end are never returned.
-        assert {m for m, _ in fresh_weekly_sketches(conn, "alpha", date(2026, 11, 3), date(2026, 11, 15))} == {
-            date(2026, 11, 9)
-        }
+        assert {m for m, _ in fresh(conn, date(2026, 11, 3), date(2026, 11, 15))} == {date(2026, 11, 9)}
     # Each part of the fingerprint on its own makes the week stale.
     d = daily_table
     one_row = sa.and_(d.c.campaign_id == "alpha", d.c.day == date(2026, 11, 10), d.c.stage == "awareness")
@@ -200,15 +205,13 @@ def test_fingerprint_is_recomputed_from_the_daily_rows(engine: sa.Engine, built:
         with engine.begin() as conn:
             conn.execute(sa.update(d).where(one_row).values(change))
         with engine.connect() as conn:
-            stale = fresh_weekly_sketches(conn, "alpha", FIRST, LAST)
+            stale = fresh(conn, FIRST, LAST)
         assert (date(2026, 11, 9), ("first_party", "awareness", "page_view")) not in stale
         replace_rollup_day(engine, date(2026, 11, 10))  # rebuilds the day and refreshes its week
     with engine.begin() as conn:
         conn.execute(sa.delete(d).where(one_row))
     with engine.connect() as conn:
-        assert (date(2026, 11, 9), ("first_party", "awareness", "page_view")) not in fresh_weekly_sketches(
-            conn, "alpha", FIRST, LAST
-        )
+        assert (date(2026, 11, 9), ("first_party", "awareness", "page_view")) not in fresh(conn, FIRST, LAST)
 
 
 def _rebuild_day(db_url: str, day: date, rounds: int, start: Any, out: Any) -> None:
@@ -230,7 +233,7 @@ def test_days_of_one_week_rolled_up_at_once_leave_a_fresh_week(database: str, re
     import multiprocessing as mp
 
     from marketing_pipelines.db.engine import get_engine
-    from marketing_pipelines.measurement.report import fresh_weekly_sketches
+    from marketing_pipelines.measurement.report import fresh_weekly_sketches, read_days
 
     db_url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "pg_url")
     engine = get_engine(db_url)
@@ -255,7 +258,8 @@ def test_days_of_one_week_rolled_up_at_once_leave_a_fresh_week(database: str, re
             .where(daily_table.c.day.in_(week))
         ).all()
         for campaign in ("alpha", "bravo"):
-            fresh = fresh_weekly_sketches(conn, campaign, week[0], week[-1])
+            _, ranges = read_days(conn, campaign, week[0], week[-1])
+            fresh = fresh_weekly_sketches(conn, campaign, ranges, week[0], week[-1])
             assert set(fresh) == {(week[0], tuple(k[1:])) for k in keys if k[0] == campaign}
     with engine.connect() as conn:
         report = measurement_report(conn, "alpha", week[0], week[-1])
