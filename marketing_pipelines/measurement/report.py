@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 
 from marketing_pipelines.db.campaigns import InvalidInput, require_campaign
+from marketing_pipelines.db.fetch import fetch_tuples
 from marketing_pipelines.db.schema import measurement_daily_rollup, measurement_weekly_sketch
 from marketing_pipelines.measurement import sketches
 from marketing_pipelines.measurement.rollup import FIRST_PARTY, week_start
@@ -33,6 +34,7 @@ from marketing_pipelines.measurement.rollup import FIRST_PARTY, week_start
 FORMATS = ("table", "csv", "json")
 Key = tuple[str, str, str]  # source, stage, event_type
 Sketch = sketches.datasketches.hll_sketch
+Blob = bytes | memoryview  # psycopg2 returns bytea as a memoryview
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ class KeyRange:
     days: int = 0
     last_unique: int | None = None  # the uniques of the latest day: exact for the range when days == 1
     unknown: bool = False  # some day's uniques are unknown (no sketch), so the range's are too
-    edge_sketches: list[bytes | None] = field(default_factory=list)  # days outside the range's whole weeks
+    edge_sketches: list[Blob | None] = field(default_factory=list)  # days outside the range's whole weeks
     # Monday -> [days, summed raw_count, latest rolled_up_at, the days]: the week's fingerprint as the
     # daily rows stand now, compared with the one its weekly sketch was built from.
     weeks: dict[date, list[Any]] = field(default_factory=dict)
@@ -188,7 +190,7 @@ def read_days(
     daily: list[DailyPoint] = []
     ranges: dict[Key, KeyRange] = {}
     mondays: dict[date, date | None] = {}  # None: an edge day
-    for day, source, stage, event_type, raw_count, unique_actors, rolled_up_at, edge_hll in conn.execute(query).all():
+    for day, source, stage, event_type, raw_count, unique_actors, rolled_up_at, edge_hll in fetch_tuples(conn, query):
         daily.append(DailyPoint(day, source, stage, event_type, raw_count, unique_actors))
         key = (source, stage, event_type)
         kr = ranges.get(key)
@@ -223,7 +225,7 @@ def read_days(
 
 def fresh_weekly_sketches(
     conn: sa.Connection, campaign_id: str, ranges: dict[Key, KeyRange], start: date | None, end: date | None
-) -> dict[tuple[date, Key], bytes | None]:
+) -> dict[tuple[date, Key], Blob | None]:
     """Weekly sketches of the weeks wholly inside [start, end] whose fingerprint matches the daily rows now.
 
     The fingerprint (rows, summed raw_count, latest rolled_up_at) of each week as the daily rows
@@ -247,8 +249,8 @@ def fresh_weekly_sketches(
         query = query.where(w.c.week_start >= start)
     if end:
         query = query.where(w.c.week_start <= end - timedelta(days=6))
-    fresh: dict[tuple[date, Key], bytes | None] = {}
-    for monday, source, stage, event_type, days, raw_count, rolled_up_at, actors_hll in conn.execute(query).all():
+    fresh: dict[tuple[date, Key], Blob | None] = {}
+    for monday, source, stage, event_type, days, raw_count, rolled_up_at, actors_hll in fetch_tuples(conn, query):
         key = (source, stage, event_type)
         kr = ranges.get(key)
         week = kr.weeks.get(monday) if kr else None
@@ -286,7 +288,7 @@ def plan_sketches(ranges: dict[Key, KeyRange], fresh_weeks: Iterable[tuple[date,
 
 def range_sketches(
     conn: sa.Connection, campaign_id: str, ranges: dict[Key, KeyRange], start: date | None, end: date | None
-) -> dict[Key, list[bytes | None]]:
+) -> dict[Key, list[Blob | None]]:
     """The serialized sketches whose union is each key's range uniques.
 
     Whole fresh weeks come from measurement_weekly_sketch, edge days from their rows (read with
@@ -294,7 +296,7 @@ def range_sketches(
     """
     weekly = fresh_weekly_sketches(conn, campaign_id, ranges, start, end)
     plan = plan_sketches(ranges, weekly)
-    parts: dict[Key, list[bytes | None]] = {}
+    parts: dict[Key, list[Blob | None]] = {}
     for key, kr in ranges.items():
         if not kr.unknown:
             parts[key] = [*kr.edge_sketches, *(weekly[(monday, key)] for monday in plan.weeks.get(key, ()))]

@@ -5,16 +5,15 @@ The day boundary is UTC: a day holds events with ``occurred_at`` in [day 00:00 U
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any
 
 import sqlalchemy as sa
 
 from marketing_pipelines.db.engine import is_postgres
+from marketing_pipelines.db.fetch import stream_tuples
 from marketing_pipelines.db.schema import (
     campaign,
     github_release_download_daily,
@@ -55,27 +54,6 @@ class FirstPartyAggregate:
     event_type: str
     raw_count: int
     unique_actors: int
-
-
-def stream_tuples(conn: sa.Connection, query: sa.Select[Any], batch: int = 20_000) -> Iterator[tuple[Any, ...]]:
-    """A large read's rows as plain tuples, fetched ``batch`` at a time.
-
-    On PostgreSQL this is a named (server-side) psycopg2 cursor in the caller's transaction: it
-    skips SQLAlchemy's per-row result handling, which was about a quarter of a one-million-event
-    day's rollup (benchmarks/rollup_build.py). Only for queries whose result columns need no
-    SQLAlchemy type processing (text, integers) and whose parameters psycopg2 adapts as is.
-    """
-    if not is_postgres(conn):
-        yield from conn.execute(query.execution_options(yield_per=batch))
-        return
-    compiled = query.compile(dialect=conn.dialect)
-    cursor = conn.connection.cursor(f"stream_{uuid.uuid4().hex}")
-    try:
-        cursor.itersize = batch
-        cursor.execute(str(compiled), compiled.params)
-        yield from cursor
-    finally:
-        cursor.close()
 
 
 def first_party_day(conn: sa.Connection, day: date) -> list[tuple[FirstPartyAggregate, bytes | None]]:

@@ -34,11 +34,12 @@ def serialize(sketch: datasketches.hll_sketch) -> bytes:
     return bytes(sketch.serialize_compact())
 
 
-def deserialize(data: bytes) -> datasketches.hll_sketch:
-    return datasketches.hll_sketch.deserialize(data)
+def deserialize(data: bytes | memoryview) -> datasketches.hll_sketch:
+    """A sketch from its bytes (psycopg2 hands ``bytea`` over as a memoryview, which datasketches refuses)."""
+    return datasketches.hll_sketch.deserialize(data if isinstance(data, bytes) else bytes(data))
 
 
-def merge(serialized: Iterable[bytes | None]) -> datasketches.hll_sketch:
+def merge(serialized: Iterable[bytes | memoryview | None]) -> datasketches.hll_sketch:
     """The union of serialized sketches; None entries (rows without actors) are skipped."""
     return union_of(deserialize(data) for data in serialized if data is not None)
 
