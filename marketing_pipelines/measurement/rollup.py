@@ -261,15 +261,6 @@ def week_start(day: date) -> date:
     return day - timedelta(days=day.weekday())
 
 
-def week_start_sql(day_column: sa.ColumnElement[date], dialect: sa.Dialect) -> sa.ColumnElement[date]:
-    """``week_start`` in SQL: the Monday of a date column's ISO week."""
-    if dialect.name == "postgresql":
-        # Through a timestamp without time zone, so the session's TimeZone plays no part.
-        return sa.cast(sa.func.date_trunc("week", sa.cast(day_column, sa.DateTime())), sa.Date)
-    # 'weekday 0' moves to the next Sunday (a Sunday stays), six days back is that week's Monday.
-    return sa.type_coerce(sa.func.date(day_column, "weekday 0", "-6 days"), sa.Date)
-
-
 @dataclass(frozen=True)
 class WeekRow:
     """What one measurement_weekly_sketch row is built from: the week's daily rows of one key."""
