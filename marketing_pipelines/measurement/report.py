@@ -18,7 +18,7 @@ import csv
 import io
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Container
 from dataclasses import asdict, dataclass, field, replace
 from datetime import date, timedelta
 from typing import Any, NamedTuple
@@ -114,7 +114,7 @@ def measurement_report(
         raise InvalidInput(f"--from {start} is after --to {end}")
     daily, ranges = read_days(conn, campaign_id, start, end)
     parts = range_sketches(conn, campaign_id, ranges, start, end)
-    unions = {key: None if kr.unknown else sketches.merge(parts.get(key, ())) for key, kr in ranges.items()}
+    unions = {key: None if kr.unknown else sketches.merge(parts[key]) for key, kr in ranges.items()}
     totals = tuple(_range_total(key, ranges[key], unions[key]) for key in sorted(ranges))
     stages: dict[str, list[Key]] = defaultdict(list)
     for key in ranges:
@@ -131,6 +131,20 @@ def measurement_report(
 
 
 @dataclass(slots=True)
+class WeekSums:
+    """One key's daily rows of one whole week as they stand now: the fingerprint its weekly row must match."""
+
+    rows: int
+    raw_count: int
+    rolled_up_at: Any  # latest, as ``instant_sql`` reads it
+    days: list[date]
+
+    def matches(self, days: int, raw_count: int, daily_rolled_up_at: Any) -> bool:
+        """Whether a weekly row built from (days, raw_count, daily_rolled_up_at) still holds these days."""
+        return self.rows == days and self.raw_count == raw_count and self.rolled_up_at == daily_rolled_up_at
+
+
+@dataclass(slots=True)
 class KeyRange:
     """One key's daily rows over the range, summed while they are read."""
 
@@ -139,9 +153,7 @@ class KeyRange:
     last_unique: int | None = None  # the uniques of the latest day: exact for the range when days == 1
     unknown: bool = False  # some day's uniques are unknown (no sketch), so the range's are too
     edge_sketches: list[Blob | None] = field(default_factory=list)  # days outside the range's whole weeks
-    # Monday -> [days, summed raw_count, latest rolled_up_at, the days]: the week's fingerprint as the
-    # daily rows stand now, compared with the one its weekly sketch was built from.
-    weeks: dict[date, list[Any]] = field(default_factory=dict)
+    weeks: dict[date, WeekSums] = field(default_factory=dict)  # by Monday, whole weeks only
 
 
 def whole_week_span(start: date | None, end: date | None) -> tuple[date | None, date | None]:
@@ -211,12 +223,12 @@ def read_days(
             continue
         week = kr.weeks.get(monday)
         if week is None:
-            kr.weeks[monday] = [1, raw_count, rolled_up_at, [day]]
+            kr.weeks[monday] = WeekSums(1, raw_count, rolled_up_at, [day])
         else:
-            week[0] += 1
-            week[1] += raw_count
-            week[2] = max(week[2], rolled_up_at)
-            week[3].append(day)
+            week.rows += 1
+            week.raw_count += raw_count
+            week.rolled_up_at = max(week.rolled_up_at, rolled_up_at)
+            week.days.append(day)
     # Sorted here rather than in SQL: Python orders strings by code point on both databases, where
     # ORDER BY would follow the server's collation, and it is cheaper than the server's sort.
     daily.sort()
@@ -254,7 +266,7 @@ def fresh_weekly_sketches(
         key = (source, stage, event_type)
         kr = ranges.get(key)
         week = kr.weeks.get(monday) if kr else None
-        if week is not None and week[0] == days and week[1] == raw_count and week[2] == rolled_up_at:
+        if week is not None and week.matches(days, raw_count, rolled_up_at):
             fresh[(monday, key)] = actors_hll
     return fresh
 
@@ -267,22 +279,21 @@ class SketchPlan:
     days: dict[Key, list[date]]  # days (inside whole weeks) whose daily sketch to use
 
 
-def plan_sketches(ranges: dict[Key, KeyRange], fresh_weeks: Iterable[tuple[date, Key]]) -> SketchPlan:
+def plan_sketches(ranges: dict[Key, KeyRange], fresh_weeks: Container[tuple[date, Key]]) -> SketchPlan:
     """Use a week's weekly sketch where ``fresh_weeks`` has it, the daily sketches of every other week's days.
 
     Edge days (outside whole weeks) are not planned: their sketches came with the daily rows.
     """
-    fresh = set(fresh_weeks)
     weeks: dict[Key, list[date]] = {}
     days: dict[Key, list[date]] = {}
     for key, kr in ranges.items():
         if kr.unknown:
             continue  # the union is unknown anyway; no sketch is read
         for monday, week in kr.weeks.items():
-            if (monday, key) in fresh:
+            if (monday, key) in fresh_weeks:
                 weeks.setdefault(key, []).append(monday)
             else:
-                days.setdefault(key, []).extend(week[3])
+                days.setdefault(key, []).extend(week.days)
     return SketchPlan(weeks=weeks, days=days)
 
 
@@ -306,7 +317,7 @@ def range_sketches(
         query = sa.select(r.c.day, r.c.source, r.c.stage, r.c.event_type, r.c.actors_hll).where(
             r.c.campaign_id == campaign_id, r.c.day.in_(sorted({day for day, _ in stale}))
         )
-        for day, source, stage, event_type, actors_hll in conn.execute(query).all():
+        for day, source, stage, event_type, actors_hll in fetch_tuples(conn, query):
             key = (source, stage, event_type)
             if (day, key) in stale:
                 parts[key].append(actors_hll)
