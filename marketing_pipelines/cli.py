@@ -215,7 +215,7 @@ def campaigns_list(as_json: bool) -> None:
 
 @main.group(cls=FriendlyGroup)
 def executions() -> None:
-    """Schedule and inspect campaign executions (claimed by due_work_sensor when due)."""
+    """Schedule and inspect campaign executions (claimed by due_executions_sensor when due)."""
 
 
 @executions.command("schedule")
@@ -282,6 +282,41 @@ def executions_list(status: str | None, campaign_id: str | None, limit: int, as_
         rows = [dict(r) for r in list_executions(conn, status.upper() if status else None, campaign_id, limit)]
     columns = ["id", "campaign_id", "stage", "action", "due_at", "status", "attempts", "max_attempts", "last_error"]
     emit_rows(rows, columns, as_json)
+
+
+@executions.command("show")
+@click.argument("execution_id", type=int)
+@json_option
+def executions_show(execution_id: int, as_json: bool) -> None:
+    """Show an execution: status, last error, and each attempt with the Dagster run that performed it.
+
+    In the Dagster UI the runs of execution 42 carry the tag marketing/execution_id.42 (value: the attempt).
+
+    \b
+    Example:
+      marketing-pipelines executions show 42
+    """
+    from marketing_pipelines.executions.queue import get_execution, list_attempts
+
+    with ready_conn() as conn:
+        row = get_execution(conn, execution_id)
+        if row is None:
+            raise InvalidInput(f"execution {execution_id} does not exist; see marketing-pipelines executions list")
+        execution = dict(row)
+        attempts = [dict(a) for a in list_attempts(conn, execution_id)]
+    if as_json:
+        click.echo(json.dumps({"execution": execution, "attempts": attempts}, default=str, indent=2))
+        return
+    for key in ("id", "campaign_id", "stage", "action", "status", "due_at", "attempts", "max_attempts", "run_id"):
+        click.echo(f"{key:>12}: {_cell(execution.get(key))}")
+    click.echo(f"{'last_error':>12}: {execution.get('last_error') or '-'}")
+    click.echo(f"{'UI tag':>12}: marketing/execution_id.{execution_id}")
+    click.echo("attempts:")
+    emit_rows(attempts, ["attempt", "run_id", "started_at", "finished_at", "outcome", "error"], False)
+    if execution["attempts"] > len(attempts):
+        # The claim counts an attempt; a run that never started (or started after its lease expired
+        # and found another attempt owning the row) leaves no attempt row.
+        click.echo(f"({execution['attempts'] - len(attempts)} claim(s) never started a run)")
 
 
 # --- demo -------------------------------------------------------------------------------------

@@ -7,14 +7,12 @@ from marketing_pipelines.agents import defs as agents
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions import defs as executions
 from marketing_pipelines.measurement import defs as measurement
-from marketing_pipelines.work import due_work_sensor, work_run_canceled_sensor, work_run_failure_sensor
 
 defs = dg.Definitions.merge(
     executions.defs,
     agents.defs,
     measurement.defs,
     dg.Definitions(
-        sensors=[due_work_sensor, work_run_failure_sensor, work_run_canceled_sensor],
         # Shared by every domain. The URL is resolved from MARKETING_DATABASE_URL in the process
         # that uses it (see AppDatabase), so it never shows in run config.
         resources={"app_db": AppDatabase()},

@@ -23,12 +23,14 @@ import sqlalchemy as sa
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import list_agent_runs, request_agent_run
+from marketing_pipelines.agents.sensors import TAG_AGENT_RUN_ID
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.migrate import upgrade
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.queue import list_executions, schedule_execution
+from marketing_pipelines.executions.sensors import executions_of_run
 from marketing_pipelines.measurement.demo import run_measurement_demo
 from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings
 
@@ -71,8 +73,9 @@ def demo_instance() -> dg.DagsterInstance:
 
 
 def run_demo(days: int = 7, echo: Echo = print) -> None:
+    from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
     from marketing_pipelines.definitions import defs
-    from marketing_pipelines.work import due_work_sensor
+    from marketing_pipelines.executions.sensors import due_executions_sensor
 
     settings = Settings.from_env()
     url = settings.resolved_database_url
@@ -115,7 +118,7 @@ def run_demo(days: int = 7, echo: Echo = print) -> None:
         requested = _seed_agent_runs(engine, settings)
         echo(f"      queued agent runs {requested} (ana may schedule executions; ben may only read spring-launch)")
 
-        echo("[3/4] Measurement, then due_work_sensor ticks and the runs it launches (.marketing/dagster_home)")
+        echo("[3/4] Measurement, then the claiming sensors' ticks and the runs they launch (.marketing/dagster_home)")
         with demo_instance() as instance:
             # Measurement first, so the agents' read_measurement tool finds the rollup.
             run_measurement_demo(engine, instance, echo, days)
@@ -124,7 +127,7 @@ def run_demo(days: int = 7, echo: Echo = print) -> None:
                 "webhook": WebhookClient(timeout_s=5),
                 "models": ModelGateway(),
             }
-            launched = _drain(instance, due_work_sensor, defs, resources, echo)
+            launched = _drain(instance, [due_executions_sensor, queued_agent_runs_sensor], defs, resources, echo)
         echo(f"      {launched} runs finished; the webhook receiver got {len(received)} request(s)")
 
     echo("[4/4] Outcomes")
@@ -183,21 +186,24 @@ def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> list[int]:
 
 def _drain(
     instance: dg.DagsterInstance,
-    sensor: dg.SensorDefinition,
+    sensors: list[dg.SensorDefinition],
     defs: dg.Definitions,
     resources: dict[str, Any],
     echo: Echo,
     max_ticks: int = 20,
 ) -> int:
-    """Tick the sensor until it finds nothing, running each requested run on the instance."""
+    """Tick the sensors until none finds anything, running each requested run on the instance."""
     launched = 0
     context = dg.build_sensor_context(instance=instance, resources=resources)
     for tick in range(1, max_ticks + 1):
-        result = sensor(context)
-        requests = list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
+        requests: list[dg.RunRequest] = []
+        for sensor in sensors:
+            result = sensor(context)
+            if isinstance(result, dg.SensorResult) and result.run_requests:
+                requests += result.run_requests
+            elif isinstance(result, dg.SkipReason):
+                echo(f"      tick {tick}, {sensor.name}: {result.skip_message}")
         if not requests:
-            reason = result.skip_message if isinstance(result, dg.SkipReason) else "nothing requested"
-            echo(f"      tick {tick}: {reason}")
             return launched
         echo(f"      tick {tick}: {len(requests)} run request(s)")
         for request in requests:
@@ -211,7 +217,8 @@ def _drain(
                 resources=resources,
                 raise_on_error=False,
             )
-            label = ", ".join(f"{k.split('/')[1]}={v}" for k, v in request.tags.items() if "claimed_by" not in k)
-            echo(f"        run {result_run.run_id[:8]} {'SUCCESS' if result_run.success else 'FAILURE'} ({label})")
+            executions = sorted(executions_of_run(request.tags))
+            what = f"executions {executions}" if executions else f"agent run {request.tags.get(TAG_AGENT_RUN_ID)}"
+            echo(f"        run {result_run.run_id[:8]} {'SUCCESS' if result_run.success else 'FAILURE'} ({what})")
             launched += 1
     return launched

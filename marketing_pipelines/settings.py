@@ -39,6 +39,16 @@ def _int(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _bounded_int(minimum: int, maximum: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if not minimum <= value <= maximum:
+            raise ValueError(f"must be between {minimum} and {maximum}")
+        return value
+
+    return parse
+
+
 def _float(minimum: float) -> Callable[[str], float]:
     def parse(raw: str) -> float:
         value = float(raw)
@@ -60,10 +70,18 @@ class _Var:
 ENV_VARS: dict[str, _Var] = {
     "database_url": _Var("MARKETING_DATABASE_URL", str, "Application database URL (SQLite or PostgreSQL)."),
     "sensor_batch_size": _Var(
-        "MARKETING_SENSOR_BATCH_SIZE", _int(1), "Due rows claimed per due_work_sensor tick, per queue."
+        "MARKETING_SENSOR_BATCH_SIZE", _bounded_int(1, 10_000), "Due rows a claiming sensor claims per tick."
     ),
     "sensor_interval_seconds": _Var(
-        "MARKETING_SENSOR_INTERVAL_SECONDS", _int(1), "Minimum seconds between due_work_sensor ticks."
+        "MARKETING_SENSOR_INTERVAL_SECONDS", _bounded_int(1, 3600), "Minimum seconds between claiming sensor ticks."
+    ),
+    "executions_per_run": _Var(
+        "MARKETING_EXECUTIONS_PER_RUN",
+        _bounded_int(1, 1000),
+        "Executions one marketing_execution_job run performs (1: one run per execution).",
+    ),
+    "webhook_concurrency": _Var(
+        "MARKETING_WEBHOOK_CONCURRENCY", _bounded_int(1, 64), "Webhooks one run sends at once."
     ),
     "execution_lease_seconds": _Var(
         "MARKETING_EXECUTION_LEASE_SECONDS",
@@ -103,8 +121,11 @@ ENV_VARS: dict[str, _Var] = {
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None = None
-    sensor_batch_size: int = 100
-    sensor_interval_seconds: int = 15
+    # Chosen from benchmarks/e2e_executions.py (docs/PERFORMANCE.md, section 6).
+    sensor_batch_size: int = 1000
+    sensor_interval_seconds: int = 5
+    executions_per_run: int = 100
+    webhook_concurrency: int = 16
     execution_lease_seconds: int = 300
     execution_max_attempts: int = 3
     retry_backoff_seconds: float = 60.0

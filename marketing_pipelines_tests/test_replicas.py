@@ -1,4 +1,4 @@
-"""Two code-server replicas evaluate ``due_work_sensor`` at once against one PostgreSQL app database.
+"""Two code-server replicas evaluate ``due_executions_sensor`` at once against one PostgreSQL app database.
 
 Both replicas are real ``dagster code-server start`` processes, called over gRPC the way the
 daemon calls them, with Dagster's own storage on PostgreSQL through deploy/dagster.yaml. Each
@@ -33,7 +33,7 @@ from dagster._utils.error import SerializableErrorInfo
 
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_execution
-from marketing_pipelines.executions.sensors import TAG_CLAIMED_BY, TAG_EXECUTION_ID
+from marketing_pipelines.executions.sensors import TAG_CLAIMED_BY, executions_of_run
 from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions
 from marketing_pipelines_tests.processes import (
     REPO_ROOT,
@@ -47,9 +47,10 @@ from marketing_pipelines_tests.processes import (
 
 DUE = 600
 BATCH_SIZE = 10
+PER_RUN = 4  # runs of up to 4 executions: a tick of 10 makes runs of 4, 4 and 2
 REPLICAS = 2
 LOCATION = "marketing_pipelines"
-SENSOR = "due_work_sensor"
+SENSOR = "due_executions_sensor"
 LOOP_SECONDS = 60
 
 
@@ -146,6 +147,7 @@ def test_two_code_server_replicas_launch_each_due_execution_exactly_once(
         DAGSTER_HOME=str(home),
         MARKETING_DATABASE_URL=pg_url,
         MARKETING_SENSOR_BATCH_SIZE=str(BATCH_SIZE),
+        MARKETING_EXECUTIONS_PER_RUN=str(PER_RUN),
         **dagster_storage_env,
     )
     # Opening the instance here creates Dagster's tables once, before the replicas race to use them.
@@ -183,17 +185,19 @@ def test_two_code_server_replicas_launch_each_due_execution_exactly_once(
 
     assert [r.errors for r in replicas] == [[]] * REPLICAS, "\n".join(e for r in replicas for e in r.errors)
     requests = [req for r in replicas for batch in r.batches for req in batch]
-    launched = [int(req.tags[TAG_EXECUTION_ID]) for req in requests]
+    launched = [i for req in requests for i in executions_of_run(req.tags)]
     assert len(launched) == len(set(launched)), "an execution was launched twice"
     assert set(launched) == due_ids
-    assert all(len(batch) <= BATCH_SIZE for r in replicas for batch in r.batches)
-    claimed_per_replica = {r.name: sum(len(b) for b in r.batches) for r in replicas}
+    per_tick = [sum(len(executions_of_run(req.tags)) for req in batch) for r in replicas for batch in r.batches]
+    assert all(n <= BATCH_SIZE for n in per_tick)
+    assert all(len(executions_of_run(req.tags)) <= PER_RUN for req in requests)
+    claimed_per_replica = {r.name: sum(len(executions_of_run(q.tags)) for b in r.batches for q in b) for r in replicas}
     assert all(claimed_per_replica.values()), f"a replica claimed nothing: {claimed_per_replica}"
     assert all(s.startswith("Nothing due") for r in replicas for s in r.skips)
     # The database agrees with the run requests: each row is leased to the claim that launched it.
     with engine.connect() as conn:
         leases = dict(conn.execute(sa.select(marketing_execution.c.id, marketing_execution.c.lease_owner)).all())
-    assert leases == {int(req.tags[TAG_EXECUTION_ID]): req.tags[TAG_CLAIMED_BY] for req in requests}
+    assert leases == {i: req.tags[TAG_CLAIMED_BY] for req in requests for i in executions_of_run(req.tags)}
 
 
 def test_deploy_workspace_names_each_replica_as_its_own_grpc_location() -> None:

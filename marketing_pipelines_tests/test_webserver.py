@@ -19,7 +19,14 @@ from marketing_pipelines_tests.processes import REPO_ROOT, child_env, dagster_bi
 
 LOCATION = "marketing_pipelines"
 REQUIRED_JOBS = {"marketing_execution_job", "agent_run_job"}
-REQUIRED_SENSORS = {"due_work_sensor", "work_run_failure_sensor", "work_run_canceled_sensor"}
+REQUIRED_SENSORS = {
+    "due_executions_sensor",
+    "execution_run_failure_sensor",
+    "execution_run_canceled_sensor",
+    "queued_agent_runs_sensor",
+    "agent_run_failure_sensor",
+    "agent_run_canceled_sensor",
+}
 MEASUREMENT_ASSETS = {"measurement_daily_rollup", "site_analytics_daily", "github_release_downloads_daily"}
 SENSOR_INTERVAL = 7  # not the default, to show the server's environment reaches the code location
 
@@ -125,7 +132,8 @@ def test_sensors_match_defs_and_start_running(served: dict[str, Any], repo_def: 
     assert {n: (s["defaultStatus"], s["sensorState"]["status"]) for n, s in sensors.items()} == {
         n: ("RUNNING", "RUNNING") for n in sensors
     }
-    assert sensors["due_work_sensor"]["minIntervalSeconds"] == SENSOR_INTERVAL
+    assert sensors["due_executions_sensor"]["minIntervalSeconds"] == SENSOR_INTERVAL
+    assert sensors["queued_agent_runs_sensor"]["minIntervalSeconds"] == SENSOR_INTERVAL
 
 
 def test_schedules_match_defs(served: dict[str, Any], repo_def: dg.RepositoryDefinition) -> None:

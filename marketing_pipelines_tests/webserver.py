@@ -23,6 +23,8 @@ class Recorder:
     status: int = 200
     received: list[Received] = field(default_factory=list)
     on_request: Callable[[Received], None] | None = None
+    # Per-request status (e.g. by path); ``status`` when None.
+    status_for: Callable[[Received], int] | None = None
 
     @property
     def url(self) -> str:
@@ -43,10 +45,11 @@ def webhook_server(status: int = 200) -> Iterator[Recorder]:
             recorder.received.append(item)
             if recorder.on_request:
                 recorder.on_request(item)
-            self.send_response(recorder.status)
+            status = recorder.status_for(item) if recorder.status_for else recorder.status
+            self.send_response(status)
             self.send_header("content-type", "application/json")
             self.end_headers()
-            self.wfile.write(json.dumps({"ok": recorder.status < 300}).encode())
+            self.wfile.write(json.dumps({"ok": status < 300}).encode())
 
         def log_message(self, *args: Any) -> None:
             pass

@@ -1,11 +1,26 @@
-"""The agent-run half of due_work_sensor and of run reconciliation, as testable functions."""
+"""The agents domain's sensors: claim queued agent runs as pool slots free up; reconcile runs that died.
+
+``queued_agent_runs_sensor`` is this domain's only claiming sensor: nothing the execution sensor does
+(or fails to do) can leave a claimed agent run without a run, and the other way round.
+"""
 
 import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines.agents.jobs import OP_NAME, POOL, agent_run_job, run_owner
 from marketing_pipelines.agents.queue import AGENT_RUNS, running_count
-from marketing_pipelines.db.lease import CANCELLED, claim_batch, finish, recover_expired, retry_or_fail
+from marketing_pipelines.db.engine import DatabaseUnavailable
+from marketing_pipelines.db.lease import (
+    CANCELLED,
+    claim_batch,
+    finish,
+    new_claim_owner,
+    recover_expired,
+    retry_or_fail,
+)
+from marketing_pipelines.db.migrate import SchemaNotReady
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.settings import Settings
 
 TAG_AGENT_RUN_ID = "marketing/agent_run_id"
 TAG_REQUESTED_BY = "marketing/requested_by"
@@ -13,6 +28,8 @@ TAG_AGENT = "marketing/agent"
 TAG_CAMPAIGN_ID = "marketing/campaign_id"
 TAG_CLAIMED_BY = "marketing/claimed_by"
 TAG_ATTEMPT = "marketing/attempt"
+
+_settings = Settings.from_env()
 
 
 def ensure_pool_limit(instance: dg.DagsterInstance, limit: int) -> bool:
@@ -78,3 +95,65 @@ def reconcile_agent_run(engine: sa.Engine, run: dg.DagsterRun, outcome: str, rea
             done = finish(conn, AGENT_RUNS, int(agent_run_id), owners, CANCELLED, {"error": reason})
             return CANCELLED if done else None
         return retry_or_fail(conn, AGENT_RUNS, int(agent_run_id), owners, reason, 0, run_id=run.run_id)
+
+
+@dg.sensor(
+    name="queued_agent_runs_sensor",
+    jobs=[agent_run_job],
+    minimum_interval_seconds=_settings.sensor_interval_seconds,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description=(
+        "Applies the agent_runs pool limit, recovers expired agent-run leases and claims as many queued agent "
+        "runs as the pool has free slots (FOR UPDATE SKIP LOCKED on PostgreSQL), one run each. Safe to evaluate "
+        "on many replicas at once."
+    ),
+)
+def queued_agent_runs_sensor(
+    context: dg.SensorEvaluationContext, app_db: AppDatabase
+) -> dg.SensorResult | dg.SkipReason:
+    settings = Settings.from_env()
+    try:
+        engine = app_db.ready_engine()
+    except (SchemaNotReady, DatabaseUnavailable) as exc:
+        return dg.SkipReason(str(exc))
+    if context.instance is not None and ensure_pool_limit(context.instance, settings.max_concurrent_agent_runs):
+        context.log.info(f"Set the agent_runs pool limit to {settings.max_concurrent_agent_runs}.")
+    requests, summary = claim_agent_run_requests(
+        engine,
+        new_claim_owner(),
+        settings.sensor_batch_size,
+        settings.max_concurrent_agent_runs,
+        settings.agent_lease_grace_seconds,
+    )
+    if not requests:
+        return dg.SkipReason(f"Nothing to start ({summary}).")
+    context.log.info(summary)
+    return dg.SensorResult(run_requests=requests)
+
+
+@dg.run_failure_sensor(
+    name="agent_run_failure_sensor",
+    monitored_jobs=[agent_run_job],
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Retries or fails an agent run whose Dagster run failed before recording it.",
+)
+def agent_run_failure_sensor(context: dg.RunFailureSensorContext, app_db: AppDatabase) -> None:
+    run = context.dagster_run
+    message = context.failure_event.message or "run failed"
+    status = reconcile_agent_run(app_db.engine(), run, "FAILED", f"Dagster run {run.run_id} failed: {message}")
+    if status:
+        context.log.info(f"Run {run.run_id}: agent run now {status}.")
+
+
+@dg.run_status_sensor(
+    name="agent_run_canceled_sensor",
+    run_status=dg.DagsterRunStatus.CANCELED,
+    monitored_jobs=[agent_run_job],
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Marks an agent run CANCELLED when its Dagster run was canceled.",
+)
+def agent_run_canceled_sensor(context: dg.RunStatusSensorContext, app_db: AppDatabase) -> None:
+    run = context.dagster_run
+    status = reconcile_agent_run(app_db.engine(), run, CANCELLED, f"Dagster run {run.run_id} was canceled")
+    if status:
+        context.log.info(f"Run {run.run_id}: agent run now {status}.")

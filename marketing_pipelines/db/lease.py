@@ -166,10 +166,33 @@ def take_over(
     Accepts ``new_owner`` too, so a retried step of the same run takes its own row back.
     Returns the row, or None when the row is not RUNNING under either owner any more.
     """
+    rows = take_over_many(
+        conn, queue, [row_id], claimed_by=claimed_by, new_owner=new_owner, lease_seconds=lease_seconds, run_id=run_id
+    )
+    return rows[0] if rows else None
+
+
+def take_over_many(
+    conn: sa.Connection,
+    queue: LeaseQueue,
+    row_ids: Sequence[int],
+    *,
+    claimed_by: str,
+    new_owner: str,
+    lease_seconds: float,
+    run_id: str | None,
+) -> list[sa.RowMapping]:
+    """``take_over`` for a batch in one statement; returns the rows taken, in ``row_ids`` order.
+
+    Each row is still fenced on its own: its ``WHERE`` names its status and owner, so a row that
+    another claim took since (its lease expired) is simply not among the returned rows.
+    """
+    if not row_ids:
+        return []
     t = queue.table
     stmt = (
         sa.update(t)
-        .where(t.c.id == row_id, t.c.status == RUNNING, t.c.lease_owner.in_([claimed_by, new_owner]))
+        .where(t.c.id.in_(list(row_ids)), t.c.status == RUNNING, t.c.lease_owner.in_([claimed_by, new_owner]))
         .values(
             lease_owner=new_owner,
             lease_expires_at=now_expr(conn, lease_seconds),
@@ -178,7 +201,8 @@ def take_over(
         )
         .returning(*t.c)
     )
-    return conn.execute(stmt).mappings().one_or_none()
+    taken = {row["id"]: row for row in conn.execute(stmt).mappings()}
+    return [taken[i] for i in row_ids if i in taken]
 
 
 def describe(conn: sa.Connection, queue: LeaseQueue, row_id: int) -> str:
@@ -192,13 +216,23 @@ def describe(conn: sa.Connection, queue: LeaseQueue, row_id: int) -> str:
 
 def renew(conn: sa.Connection, queue: LeaseQueue, row_id: int, owner: str, lease_seconds: float) -> bool:
     """Extend the lease; False means the lease was lost and the caller must stop writing."""
+    return row_id in renew_many(conn, queue, [row_id], owner, lease_seconds)
+
+
+def renew_many(
+    conn: sa.Connection, queue: LeaseQueue, row_ids: Sequence[int], owner: str, lease_seconds: float
+) -> set[int]:
+    """Extend the leases of rows this owner holds in one statement; returns the ids still held."""
+    if not row_ids:
+        return set()
     t = queue.table
     stmt = (
         sa.update(t)
-        .where(t.c.id == row_id, t.c.status == RUNNING, t.c.lease_owner == owner)
+        .where(t.c.id.in_(list(row_ids)), t.c.status == RUNNING, t.c.lease_owner == owner)
         .values(lease_expires_at=now_expr(conn, lease_seconds), updated_at=now_expr(conn))
+        .returning(t.c.id)
     )
-    return conn.execute(stmt).rowcount == 1
+    return set(conn.execute(stmt).scalars())
 
 
 def _owned_by(queue: LeaseQueue, owner: str | Sequence[str]) -> sa.ColumnElement[bool]:
@@ -341,44 +375,67 @@ def cancel(conn: sa.Connection, queue: LeaseQueue, row_id: int, reason: str) -> 
 
 
 class LeaseKeeper:
-    """Renews a lease from a background thread while the work runs.
+    """Renews the leases of one or more rows from a background thread while the work runs.
 
-    ``lost`` is set as soon as a renewal matches no row (the lease expired and another
-    attempt took the row); the worker checks it and must not record an outcome.
+    All held rows are renewed in one statement per interval, each still fenced by its own
+    status and owner. A row whose renewal matches nothing (its lease expired and another attempt
+    took it) goes into ``lost_ids`` and ``lost`` is set; the worker checks ``is_lost(id)`` and
+    must not record an outcome for it. ``release(id)`` stops renewing a row once its outcome is
+    recorded.
     """
 
     def __init__(
         self,
         engine: sa.Engine,
         queue: LeaseQueue,
-        row_id: int,
+        row_ids: int | Sequence[int],
         owner: str,
         lease_seconds: float,
         on_lost: Callable[[str], None] | None = None,
     ) -> None:
-        self._engine, self._queue, self._row_id, self._owner = engine, queue, row_id, owner
+        self._engine, self._queue, self._owner = engine, queue, owner
+        self._held: set[int] = {row_ids} if isinstance(row_ids, int) else set(row_ids)
         self._lease_seconds = lease_seconds
         self._on_lost = on_lost
+        self._guard = threading.Lock()
         self._stop = threading.Event()
         self.lost = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{queue.table.name}-{row_id}", daemon=True)
+        self.lost_ids: set[int] = set()
+        name = f"lease-{queue.table.name}-{min(self._held) if self._held else 'none'}"
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def is_lost(self, row_id: int) -> bool:
+        with self._guard:
+            return row_id in self.lost_ids
+
+    def release(self, row_id: int) -> None:
+        with self._guard:
+            self._held.discard(row_id)
 
     def _run(self) -> None:
         # Renew at a third of the lease so two missed renewals still leave time for a third.
         interval = max(0.5, self._lease_seconds / 3)
         while not self._stop.wait(interval):
+            with self._guard:
+                held = sorted(self._held)
+            if not held:
+                continue
             try:
                 with self._engine.begin() as conn:
-                    still_ours = renew(conn, self._queue, self._row_id, self._owner, self._lease_seconds)
+                    still_ours = renew_many(conn, self._queue, held, self._owner, self._lease_seconds)
             except sa.exc.SQLAlchemyError:
                 continue  # a passing database error; the next renewal may succeed within the lease
-            if not still_ours:
+            with self._guard:
+                # A row released while the renewal ran was finished by its worker, not lost.
+                lost = [i for i in held if i not in still_ours and i in self._held]
+                self._held.difference_update(lost)
+                self.lost_ids.update(lost)
+            for row_id in lost:
                 self.lost.set()
                 if self._on_lost:
                     self._on_lost(
-                        f"{self._queue.table.name} {self._row_id}: lease lost (no longer RUNNING under {self._owner})"
+                        f"{self._queue.table.name} {row_id}: lease lost (no longer RUNNING under {self._owner})"
                     )
-                return
 
     def __enter__(self) -> LeaseKeeper:
         self._thread.start()

@@ -71,6 +71,21 @@ marketing_execution = sa.Table(
     sa.Index("ix_marketing_execution_campaign", "campaign_id", "due_at"),
 )
 
+ATTEMPT_OUTCOMES = ("SUCCEEDED", "RESCHEDULED", "FAILED", "CANCELLED", "LEASE_EXPIRED", "LEASE_LOST")
+
+marketing_execution_attempt = sa.Table(
+    "marketing_execution_attempt",
+    metadata,
+    sa.Column("execution_id", BigIntId, sa.ForeignKey("marketing_execution.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True),
+    sa.Column("run_id", sa.String(64), nullable=True, comment="Dagster run that performed this attempt"),
+    sa.Column("started_at", UTCDateTime(), nullable=False),
+    sa.Column("finished_at", UTCDateTime(), nullable=True),
+    sa.Column("outcome", sa.String(16), nullable=True, comment="NULL while the attempt runs"),
+    sa.Column("error", sa.Text, nullable=True),
+    sa.CheckConstraint(f"outcome IS NULL OR outcome IN {ATTEMPT_OUTCOMES!r}", name="outcome"),
+)
+
 # --- users, permissions and the agent-run queue ----------------------------------------------
 
 AGENT_RUN_STATUSES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")

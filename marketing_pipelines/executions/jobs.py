@@ -1,21 +1,38 @@
-"""``marketing_execution_job``: performs one claimed execution, fenced by its lease."""
+"""``marketing_execution_job``: performs a batch of claimed executions, each fenced by its own lease.
 
+A Dagster run costs seconds of process start-up while a ``log`` or ``webhook`` action costs
+milliseconds, so one run performs up to ``MARKETING_EXECUTIONS_PER_RUN`` executions. Each one
+keeps everything it had as a run of its own: its take-over, its lease (renewed together with the
+others' in one fenced statement), its attempt, and an outcome recorded in its own transaction.
+One failing execution is recorded as that execution's failure and costs the others nothing; a
+run killed mid-batch leaves what it finished finished, and the rest to reconciliation or lease
+expiry.
+"""
+
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+import sqlalchemy as sa
 
-from marketing_pipelines.db.lease import LeaseKeeper, describe, finish, retry_or_fail, take_over
+from marketing_pipelines.db.lease import LeaseKeeper, describe, finish, retry_or_fail, take_over_many
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.actions import ActionContext, ActionFailed, WebhookClient, get_action
-from marketing_pipelines.executions.queue import EXECUTIONS, get_execution
+from marketing_pipelines.executions.queue import EXECUTIONS, end_attempt, get_execution, start_attempts
 from marketing_pipelines.settings import Settings
 
-OP_NAME = "run_marketing_execution"
+OP_NAME = "perform_executions"
+# A run's outcome table shows at most this many rows; the run log has a line for every execution.
+OUTCOME_TABLE_ROWS = 1000
 
 
-class ExecutionRunConfig(dg.Config):
-    execution_id: int
-    claimed_by: str  # the sensor's lease owner; the run takes the lease over from it
+class ExecutionBatchConfig(dg.Config):
+    execution_ids: list[int]
+    claimed_by: str  # the sensor's lease owner; the run takes each lease over from it
 
 
 def run_owner(run_id: str) -> str:
@@ -27,86 +44,194 @@ def retry_delay_seconds(settings: Settings, attempt: int) -> float:
     return min(3600.0, settings.retry_backoff_seconds * 2 ** max(0, attempt - 1))
 
 
-@dg.op(name=OP_NAME, description="Run one claimed marketing execution and record its outcome.")
-def run_marketing_execution(
-    context: dg.OpExecutionContext, config: ExecutionRunConfig, app_db: AppDatabase, webhook: WebhookClient
-) -> dg.Output[dict[str, Any]]:
+@dataclass(frozen=True)
+class ExecutionOutcome:
+    """What one execution of a batch came to, as the run's log and outcome table show it."""
+
+    execution_id: int
+    campaign_id: str
+    stage: str
+    action: str
+    attempt: int
+    outcome: str  # SUCCEEDED, RESCHEDULED, FAILED, LEASE_LOST or SKIPPED
+    detail: str
+    seconds: float
+
+
+def _record(
+    engine: sa.Engine, row: Mapping[str, Any], owner: str, error: str | None, settings: Settings
+) -> tuple[str | None, str]:
+    """Record one attempt's outcome in its own transaction; returns (new status or None, state)."""
+    execution_id, attempt = row["id"], row["attempts"]
+    with engine.begin() as conn:
+        if error is None:
+            recorded = finish(conn, EXECUTIONS, execution_id, owner, "SUCCEEDED", {"last_error": None})
+            status: str | None = "SUCCEEDED" if recorded else None
+        else:
+            delay = retry_delay_seconds(settings, attempt)
+            status = retry_or_fail(conn, EXECUTIONS, execution_id, owner, error, delay)
+        if status is None:
+            return None, describe(conn, EXECUTIONS, execution_id)
+        outcome = {"SUCCEEDED": "SUCCEEDED", "FAILED": "FAILED"}.get(status, "RESCHEDULED")
+        end_attempt(conn, execution_id, attempt, outcome, error)
+        if status == EXECUTIONS.ready_status:
+            current = get_execution(conn, execution_id)
+            return status, f"rescheduled for {current['due_at'].isoformat() if current else '?'}"
+    return status, ""
+
+
+def _perform_one(
+    context: dg.OpExecutionContext,
+    engine: sa.Engine,
+    row: Mapping[str, Any],
+    owner: str,
+    keeper: LeaseKeeper,
+    webhook: WebhookClient,
+    settings: Settings,
+) -> ExecutionOutcome:
+    execution_id, attempt = row["id"], row["attempts"]
+    began = time.monotonic()
+    label = f"Execution {execution_id} ({row['campaign_id']}/{row['stage']}, {row['action']}, attempt {attempt})"
+    error: str | None = None
+    result: dict[str, Any] = {}
+    try:
+        action = get_action(row["action"])
+        action_ctx = ActionContext(execution_id, attempt, row["campaign_id"], row["stage"], context.log)
+        result = action.run(action_ctx, row["payload"], webhook)
+    except ActionFailed as exc:
+        error = str(exc)
+    except Exception as exc:  # a bug in one action must cost only its own execution
+        context.log.error(f"{label}: unexpected error\n{''.join(traceback.format_exception(exc))}")
+        error = f"internal error: {type(exc).__name__}: {exc}"
+    if keeper.is_lost(execution_id):
+        status, state = None, "lost its lease while the action ran"
+    else:
+        status, state = _record(engine, row, owner, error, settings)
+    keeper.release(execution_id)
+    seconds = time.monotonic() - began
+
+    def outcome(kind: str, detail: str) -> ExecutionOutcome:
+        return ExecutionOutcome(
+            execution_id, row["campaign_id"], row["stage"], row["action"], attempt, kind, detail, seconds
+        )
+
+    if status is None:
+        # Another attempt owns the row now (its lease expired); that attempt records the outcome.
+        context.log.warning(
+            f"{label}: this run lost its lease ({state}); its outcome was not recorded. The action may have run; "
+            "receivers dedupe on the Idempotency-Key."
+        )
+        return outcome("LEASE_LOST", state)
+    if status == "SUCCEEDED":
+        detail = ", ".join(f"{k}={v}" for k, v in result.items())
+        context.log.info(f"{label} SUCCEEDED{f': {detail}' if detail else ''}.")
+        return outcome("SUCCEEDED", detail)
+    if status == "FAILED":
+        context.log.error(f"{label} FAILED after {attempt} of {row['max_attempts']} attempts: {error}")
+        return outcome("FAILED", error or "")
+    context.log.warning(f"{label} failed: {error}; {state}.")
+    return outcome("RESCHEDULED", f"{error}; {state}")
+
+
+def _outcome_table(outcomes: Sequence[ExecutionOutcome]) -> dg.TableMetadataValue:
+    return dg.MetadataValue.table(
+        records=[
+            dg.TableRecord(
+                {
+                    "execution_id": o.execution_id,
+                    "campaign": o.campaign_id,
+                    "stage": o.stage,
+                    "action": o.action,
+                    "attempt": o.attempt,
+                    "outcome": o.outcome,
+                    "detail": o.detail[:300],
+                    "seconds": round(o.seconds, 3),
+                }
+            )
+            for o in outcomes[:OUTCOME_TABLE_ROWS]
+        ],
+        schema=dg.TableSchema(
+            columns=[
+                dg.TableColumn("execution_id", "int"),
+                dg.TableColumn("campaign", "string"),
+                dg.TableColumn("stage", "string"),
+                dg.TableColumn("action", "string"),
+                dg.TableColumn("attempt", "int"),
+                dg.TableColumn("outcome", "string"),
+                dg.TableColumn("detail", "string"),
+                dg.TableColumn("seconds", "float"),
+            ]
+        ),
+    )
+
+
+@dg.op(
+    name=OP_NAME,
+    description=(
+        "Perform a batch of claimed marketing executions, each under its own lease, and record each outcome. "
+        "Webhooks are sent concurrently (MARKETING_WEBHOOK_CONCURRENCY)."
+    ),
+)
+def perform_executions(
+    context: dg.OpExecutionContext, config: ExecutionBatchConfig, app_db: AppDatabase, webhook: WebhookClient
+) -> dg.Output[dict[str, int]]:
     settings = Settings.from_env()
     engine = app_db.ready_engine()
     owner = run_owner(context.run_id)
-    execution_id = config.execution_id
+    ids = list(dict.fromkeys(config.execution_ids))
     with engine.begin() as conn:
-        row = take_over(
+        rows = take_over_many(
             conn,
             EXECUTIONS,
-            execution_id,
+            ids,
             claimed_by=config.claimed_by,
             new_owner=owner,
             lease_seconds=settings.execution_lease_seconds,
             run_id=context.run_id,
         )
-        state = describe(conn, EXECUTIONS, execution_id) if row is None else ""
-    if row is None:
-        # E.g. a re-execution from the UI of a run whose execution already finished, or a run
-        # that started after its claim expired and another attempt took the row.
+        start_attempts(conn, rows, context.run_id)
+        taken = {row["id"] for row in rows}
+        skipped = {i: describe(conn, EXECUTIONS, i) for i in ids if i not in taken}
+    outcomes: list[ExecutionOutcome] = []
+    for execution_id, state in skipped.items():
+        # E.g. a re-execution from the UI of a run whose executions already finished, or a run that
+        # started after its claim expired and another attempt took the row.
         context.log.info(f"Execution {execution_id} {state}; this run does not own it and does nothing.")
-        return dg.Output({"execution_id": execution_id, "outcome": "skipped"}, metadata={"outcome": "skipped"})
+        outcomes.append(ExecutionOutcome(execution_id, "", "", "", 0, "SKIPPED", state, 0.0))
+    context.log.info(f"Performing {len(rows)} of {len(ids)} execution(s) as {owner}.")
 
-    attempt, max_attempts = row["attempts"], row["max_attempts"]
-    context.log.info(
-        f"Execution {execution_id}: campaign {row['campaign_id']}, stage {row['stage']}, action {row['action']}, "
-        f"attempt {attempt} of {max_attempts}."
-    )
-    action = get_action(row["action"])
-    action_ctx = ActionContext(execution_id, attempt, row["campaign_id"], row["stage"], context.log)
-    error: str | None = None
-    result: dict[str, Any] = {}
-    with LeaseKeeper(
-        engine, EXECUTIONS, execution_id, owner, settings.execution_lease_seconds, on_lost=context.log.error
-    ) as keeper:
-        try:
-            result = action.run(action_ctx, row["payload"], webhook)
-        except ActionFailed as exc:
-            error = str(exc)
+    if rows:
+        with (
+            LeaseKeeper(
+                engine, EXECUTIONS, sorted(taken), owner, settings.execution_lease_seconds, on_lost=context.log.error
+            ) as keeper,
+            ThreadPoolExecutor(max_workers=min(settings.webhook_concurrency, len(rows))) as pool,
+        ):
+            futures = [
+                pool.submit(_perform_one, context, engine, row, owner, keeper, webhook, settings) for row in rows
+            ]
+            outcomes += [future.result() for future in futures]
 
-    with engine.begin() as conn:
-        if error is None and not keeper.lost.is_set():
-            recorded = finish(conn, EXECUTIONS, execution_id, owner, "SUCCEEDED", {"last_error": None})
-            new_status: str | None = "SUCCEEDED" if recorded else None
-        else:
-            error = error or "lease lost while the action ran"
-            delay = retry_delay_seconds(settings, attempt)
-            new_status = retry_or_fail(conn, EXECUTIONS, execution_id, owner, error, delay)
-        current = get_execution(conn, execution_id)
-        state = describe(conn, EXECUTIONS, execution_id) if new_status is None else ""
-
-    if new_status is None:
-        raise dg.Failure(
-            description=(
-                f"Execution {execution_id} attempt {attempt}: this run lost its lease (it {state}); "
-                "its outcome was not recorded. The action may have run; receivers dedupe on the Idempotency-Key."
-            )
-        )
-    if new_status == "SUCCEEDED":
-        context.log.info(f"Execution {execution_id} SUCCEEDED on attempt {attempt}.")
-        return dg.Output(
-            {"execution_id": execution_id, "outcome": "SUCCEEDED", **result},
-            metadata={"outcome": "SUCCEEDED", "attempt": attempt},
-        )
-    if new_status == "FAILED":
-        raise dg.Failure(description=f"Execution {execution_id} FAILED after {attempt} attempts: {error}")
-    raise dg.Failure(
-        description=(
-            f"Execution {execution_id} attempt {attempt} of {max_attempts} failed: {error}. "
-            f"Rescheduled for {current['due_at'] if current else '?'}."
-        )
-    )
+    counts = {
+        kind: sum(1 for o in outcomes if o.outcome == kind) for kind in dict.fromkeys(o.outcome for o in outcomes)
+    }
+    summary = ", ".join(f"{n} {kind}" for kind, n in counts.items()) or "nothing to do"
+    context.log.info(f"Batch done: {summary}.")
+    metadata: dict[str, Any] = {kind.lower(): dg.MetadataValue.int(n) for kind, n in counts.items()}
+    if outcomes:
+        metadata["executions"] = _outcome_table(outcomes)
+    return dg.Output(counts, metadata=metadata)
 
 
 @dg.job(
     name="marketing_execution_job",
-    description="Performs one scheduled marketing execution claimed by due_work_sensor.",
+    description=(
+        "Performs a batch of scheduled marketing executions claimed by due_executions_sensor, each fenced by "
+        "its own lease; the output's metadata lists every execution and its outcome."
+    ),
     tags={"marketing/kind": "execution"},
+    # The work waits on the network and the database: a step subprocess would only add start-up time.
+    executor_def=dg.in_process_executor,
 )
 def marketing_execution_job() -> None:
-    run_marketing_execution()
+    perform_executions()

@@ -1,9 +1,9 @@
-"""The execution queue: scheduling, listing, and its LeaseQueue description."""
+"""The execution queue: scheduling, listing, its LeaseQueue description and each execution's attempts."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from marketing_pipelines.db.campaigns import InvalidInput, parse_json_object, require_campaign
 from marketing_pipelines.db.lease import LeaseQueue
-from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution
+from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.executions.actions import InvalidPayload, get_action
 
 EXECUTIONS = LeaseQueue(
@@ -117,6 +117,54 @@ def get_execution(conn: sa.Connection, execution_id: int) -> sa.RowMapping | Non
     return conn.execute(sa.select(t).where(t.c.id == execution_id)).mappings().one_or_none()
 
 
-def status_counts(conn: sa.Connection) -> dict[str, int]:
-    t = marketing_execution
-    return dict(conn.execute(sa.select(t.c.status, sa.func.count()).group_by(t.c.status)).tuples().all())
+def start_attempts(conn: sa.Connection, rows: Sequence[Mapping[str, Any]], run_id: str) -> None:
+    """Record that ``run_id`` started each row's current attempt (rows as ``take_over_many`` returns them).
+
+    A retried step of the same run starts the same attempt again; that keeps the first row.
+    """
+    if not rows:
+        return
+    a = marketing_execution_attempt
+    keys = [(row["id"], row["attempts"]) for row in rows]
+    existing = set(
+        conn.execute(
+            sa.select(a.c.execution_id, a.c.attempt).where(sa.tuple_(a.c.execution_id, a.c.attempt).in_(keys))
+        ).all()
+    )
+    now = datetime.now(UTC)
+    new = [
+        {"execution_id": i, "attempt": n, "run_id": run_id, "started_at": now}
+        for i, n in keys
+        if (i, n) not in existing
+    ]
+    if new:
+        conn.execute(sa.insert(a), new)
+
+
+def end_attempt(conn: sa.Connection, execution_id: int, attempt: int, outcome: str, error: str | None) -> None:
+    """Record an attempt's outcome, once: a later report about the same attempt changes nothing."""
+    a = marketing_execution_attempt
+    conn.execute(
+        sa.update(a)
+        .where(a.c.execution_id == execution_id, a.c.attempt == attempt, a.c.outcome.is_(None))
+        .values(outcome=outcome, error=error, finished_at=datetime.now(UTC))
+    )
+
+
+def end_open_attempts(conn: sa.Connection, execution_ids: Iterable[int], outcome: str, error: str) -> None:
+    """Close every attempt of these executions still open (e.g. after their leases expired)."""
+    ids = list(execution_ids)
+    if not ids:
+        return
+    a = marketing_execution_attempt
+    conn.execute(
+        sa.update(a)
+        .where(a.c.execution_id.in_(ids), a.c.outcome.is_(None))
+        .values(outcome=outcome, error=error, finished_at=datetime.now(UTC))
+    )
+
+
+def list_attempts(conn: sa.Connection, execution_id: int) -> list[sa.RowMapping]:
+    a = marketing_execution_attempt
+    query = sa.select(a).where(a.c.execution_id == execution_id).order_by(a.c.attempt)
+    return list(conn.execute(query).mappings())

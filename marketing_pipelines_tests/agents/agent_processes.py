@@ -24,8 +24,8 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.queue import request_agent_run, transcript
+from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.work import due_work_sensor
 from marketing_pipelines_tests.factories import add_campaign
 
 T = TypeVar("T")
@@ -201,9 +201,9 @@ def request_openai_runs(engine: sa.Engine, n: int, max_run_seconds: int = 120) -
 
 
 def sensor_agent_requests(instance: dg.DagsterInstance, app_url: str) -> list[dg.RunRequest]:
-    """One due_work_sensor evaluation; the agent-run RunRequests it returned."""
+    """One queued_agent_runs_sensor evaluation; the agent-run RunRequests it returned."""
     context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=app_url)})
-    result = due_work_sensor(context)
+    result = queued_agent_runs_sensor(context)
     if isinstance(result, dg.SkipReason):
         return []
     return [r for r in result.run_requests or [] if r.job_name == "agent_run_job"]

@@ -1,4 +1,4 @@
-"""Agent runs end to end: request -> due_work_sensor -> agent_run_job, acting as the requester."""
+"""Agent runs end to end: request -> queued_agent_runs_sensor -> agent_run_job, acting as the requester."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.providers import AnthropicModel, ModelProvider
 from marketing_pipelines.agents.queue import get_agent_run, request_agent_run, transcript
+from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.campaigns import InvalidInput
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, marketing_execution
-from marketing_pipelines.work import due_work_sensor
 from marketing_pipelines_tests.factories import add_campaign
 
 ALL_READ = ("campaign:read", "measurement:read", "execution:read")
@@ -55,8 +55,8 @@ def _request(engine: sa.Engine, **kw: Any) -> int:
 
 def _run_all(db_url: str, instance: dg.DagsterInstance, models: ModelGateway | None = None) -> list[Any]:
     context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
-    result = due_work_sensor(context)
-    requests = [r for r in (result.run_requests or []) if r.job_name == "agent_run_job"]
+    result = queued_agent_runs_sensor(context)
+    requests = list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
     return [
         agent_run_job.execute_in_process(
             run_config=r.run_config,
@@ -92,7 +92,7 @@ def test_request_queues_and_never_runs_inline(people: sa.Engine) -> None:
 def test_sensor_claims_with_tags_and_runtime_limit(people: sa.Engine, db_url: str, instance: dg.DagsterInstance):
     run_id = _request(people, max_run_seconds=42)
     context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
-    result = due_work_sensor(context)
+    result = queued_agent_runs_sensor(context)
     [request] = result.run_requests
     assert request.run_key == f"agent_run:{run_id}:1"
     assert request.tags["marketing/agent_run_id"] == str(run_id)
@@ -108,9 +108,9 @@ def test_sensor_claims_no_more_than_the_pool_can_start(
     monkeypatch.setenv("MARKETING_MAX_CONCURRENT_AGENT_RUNS", "2")
     ids = [_request(people) for _ in range(5)]
     context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
-    first = due_work_sensor(context)
+    first = queued_agent_runs_sensor(context)
     assert [r.tags["marketing/agent_run_id"] for r in first.run_requests] == [str(i) for i in ids[:2]]
-    second = due_work_sensor(context)
+    second = queued_agent_runs_sensor(context)
     assert isinstance(second, dg.SkipReason)  # both slots are taken until those runs finish
     with people.connect() as conn:
         queued = conn.execute(sa.select(sa.func.count()).where(agent_run.c.status == "QUEUED")).scalar_one()

@@ -168,7 +168,7 @@ def test_run_monitoring_frees_the_slot_of_a_killed_run_worker(
         [agent_run_id] = request_openai_runs(app_engine, 1)
         with dg.DagsterInstance.get() as instance, running_daemon(workspace, env, tmp_path / "daemon.log") as daemon:
             try:
-                # due_work_sensor claims it, the run is launched and the agent waits on its second model call.
+                # queued_agent_runs_sensor claims it, the run is launched and the agent waits on its second model call.
                 wait_until(lambda: fake.finals_requested() == 1, 90, "the launched agent run to reach the model")
                 [first] = _runs_of(instance, agent_run_id)
                 held = instance.event_log_storage.get_concurrency_info("agent_runs")

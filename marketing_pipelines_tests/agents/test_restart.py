@@ -110,7 +110,7 @@ def test_killed_agent_run_is_recovered_after_its_lease_and_finishes_exactly_once
     [second] = wait_until(
         lambda: sensor_agent_requests(world.instance, world.url),
         timeout_s=LEASE_S + 10,
-        what="due_work_sensor to requeue and re-claim the expired agent run",
+        what="queued_agent_runs_sensor to requeue and re-claim the expired agent run",
     )
     assert datetime.now(UTC) >= killed["lease_expires_at"]
     assert second.run_key == f"agent_run:{agent_run_id}:2"

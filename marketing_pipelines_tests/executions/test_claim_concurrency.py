@@ -1,4 +1,4 @@
-"""Two replicas never launch the same execution: separate processes race through due_work_sensor.
+"""Two replicas never launch the same execution: separate processes race through due_executions_sensor.
 
 The harness also runs the first version's read-then-update claim, which must double-claim
 under the same race; that proves the harness can see a double claim at all.
@@ -20,16 +20,18 @@ from marketing_pipelines_tests.factories import add_campaign, bulk_due_execution
 DUE = 2000
 WORKERS = 2
 BATCH = 25
+PER_RUN = 10  # a tick of 25 makes runs of 10, 10 and 5
 
 
 def _sensor_worker(db_url: str, start: Any, out: Any) -> None:
-    """Evaluate due_work_sensor in a loop until it finds nothing; report the execution ids."""
+    """Evaluate due_executions_sensor in a loop until it finds nothing; report the execution ids."""
     os.environ["MARKETING_DATABASE_URL"] = db_url
     os.environ["MARKETING_SENSOR_BATCH_SIZE"] = str(BATCH)
+    os.environ["MARKETING_EXECUTIONS_PER_RUN"] = str(PER_RUN)
     import dagster as dg
 
     from marketing_pipelines.db.resources import AppDatabase
-    from marketing_pipelines.work import due_work_sensor
+    from marketing_pipelines.executions.sensors import due_executions_sensor, executions_of_run
 
     context = dg.build_sensor_context(
         instance=dg.DagsterInstance.ephemeral(), resources={"app_db": AppDatabase(url=db_url)}
@@ -38,9 +40,10 @@ def _sensor_worker(db_url: str, start: Any, out: Any) -> None:
     empty_ticks = 0
     start.wait()
     while empty_ticks < 3:
-        result = due_work_sensor(context)
+        result = due_executions_sensor(context)
         requests = result.run_requests if isinstance(result, dg.SensorResult) else []
-        claimed += [int(r.tags["marketing/execution_id"]) for r in requests or []]
+        # Each claimed row goes into exactly one run of the tick: runs hold disjoint batches.
+        claimed += [i for r in requests or [] for i in executions_of_run(r.tags)]
         empty_ticks = 0 if requests else empty_ticks + 1
     out.put(claimed)
 

@@ -1,7 +1,12 @@
-"""marketing_execution_job end to end on a real Dagster instance and a real HTTP server."""
+"""marketing_execution_job end to end on a real Dagster instance and a real HTTP server.
+
+Runs are batches: each test launches what ``due_executions_sensor`` requested, and checks every
+execution of the batch on its own (its row, its attempt history, the POSTs its receiver got).
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -12,11 +17,16 @@ import sqlalchemy as sa
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import marketing_execution as t
 from marketing_pipelines.executions.actions import WebhookClient
-from marketing_pipelines.executions.jobs import marketing_execution_job
-from marketing_pipelines.executions.queue import get_execution, schedule_execution
-from marketing_pipelines.work import due_work_sensor, work_run_failure_sensor
+from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
+from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
+from marketing_pipelines.executions.sensors import (
+    due_executions_sensor,
+    execution_run_canceled_sensor,
+    execution_run_failure_sensor,
+    executions_of_run,
+)
 from marketing_pipelines_tests.factories import add_campaign
-from marketing_pipelines_tests.webserver import Recorder, webhook_server
+from marketing_pipelines_tests.webserver import Received, Recorder, webhook_server
 
 
 @pytest.fixture
@@ -31,30 +41,32 @@ def hook() -> Iterator[Recorder]:
         yield recorder
 
 
-def _schedule(engine: sa.Engine, url: str, max_attempts: int = 3) -> int:
+def _schedule(engine: sa.Engine, url: str, max_attempts: int = 3, n: int = 1) -> list[int]:
     add_campaign(engine)
     with engine.begin() as conn:
-        return schedule_execution(
-            conn,
-            campaign_id="spring-launch",
-            stage="launch",
-            action="webhook",
-            due_at=datetime.now(UTC) - timedelta(seconds=1),
-            payload={"url": url, "body": {"text": "we launched"}},
-            max_attempts=max_attempts,
-        )
+        return [
+            schedule_execution(
+                conn,
+                campaign_id="spring-launch",
+                stage="launch",
+                action="webhook",
+                due_at=datetime.now(UTC) - timedelta(seconds=n - i),
+                payload={"url": f"{url}/{i}", "body": {"text": "we launched", "n": i}},
+                max_attempts=max_attempts,
+            )
+            for i in range(n)
+        ]
 
 
 def _tick(db_url: str, instance: dg.DagsterInstance) -> list[dg.RunRequest]:
-    result = due_work_sensor(build_context(db_url, instance))
+    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
+    result = due_executions_sensor(context)
     return list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
 
 
-def build_context(db_url: str, instance: dg.DagsterInstance) -> dg.SensorEvaluationContext:
-    return dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
-
-
-def _run(request: dg.RunRequest, db_url: str, instance: dg.DagsterInstance, webhook: WebhookClient | None = None):
+def _run(
+    request: dg.RunRequest, db_url: str, instance: dg.DagsterInstance, webhook: WebhookClient | None = None
+) -> dg.ExecuteInProcessResult:
     return marketing_execution_job.execute_in_process(
         run_config=request.run_config,
         tags=request.tags,
@@ -71,21 +83,94 @@ def _row(engine: sa.Engine, execution_id: int) -> sa.RowMapping:
     return row
 
 
+def _outcomes(result: dg.ExecuteInProcessResult) -> dict[int, str]:
+    """The run's outcome table, as {execution_id: outcome}: what the UI shows for the run."""
+    [materialization] = [
+        e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT" and e.step_key == OP_NAME
+    ]
+    table = materialization.step_output_data.metadata["executions"]
+    return {record.data["execution_id"]: record.data["outcome"] for record in table.records}
+
+
+def _keys(hook: Recorder) -> list[str]:
+    return [r.headers["idempotency-key"] for r in hook.received]
+
+
 def test_webhook_succeeds_once_with_idempotency_key(
     db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
 ) -> None:
-    execution_id = _schedule(engine, hook.url)
+    [execution_id] = _schedule(engine, hook.url)
     [request] = _tick(db_url, instance)
+    assert executions_of_run(request.tags) == {execution_id: 1}
+    # A lone execution's run also carries the plain tag, as runs did before batching.
     assert request.tags["marketing/execution_id"] == str(execution_id)
-    assert request.run_key == f"execution:{execution_id}:1"
+    assert request.tags[f"marketing/execution_id.{execution_id}"] == "1"
+    assert request.tags["marketing/campaign_id"] == "spring-launch"
     result = _run(request, db_url, instance)
     assert result.success
-    assert [r.headers["idempotency-key"] for r in hook.received] == [f"marketing-execution-{execution_id}-attempt-1"]
-    assert hook.received[0].body == {"text": "we launched"}
+    assert _outcomes(result) == {execution_id: "SUCCEEDED"}
+    assert _keys(hook) == [f"marketing-execution-{execution_id}-attempt-1"]
+    assert hook.received[0].body == {"text": "we launched", "n": 0}
     row = _row(engine, execution_id)
     assert (row["status"], row["attempts"], row["run_id"]) == ("SUCCEEDED", 1, result.run_id)
     assert row["lease_owner"] is None and row["finished_at"] is not None
+    with engine.connect() as conn:
+        [attempt] = list_attempts(conn, execution_id)
+    assert (attempt["attempt"], attempt["run_id"], attempt["outcome"]) == (1, result.run_id, "SUCCEEDED")
     assert _tick(db_url, instance) == []
+
+
+def test_sensor_groups_a_tick_into_runs_of_executions_per_run(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MARKETING_EXECUTIONS_PER_RUN", "4")
+    ids = _schedule(engine, hook.url, n=10)
+    requests = _tick(db_url, instance)
+    # Due order is kept: the longest-waiting executions go first, in runs of at most 4.
+    assert [sorted(executions_of_run(r.tags)) for r in requests] == [ids[0:4], ids[4:8], ids[8:10]]
+    assert [r.tags["marketing/executions"] for r in requests] == ["4", "4", "2"]
+    assert len({r.run_key for r in requests}) == 3
+    assert all("marketing/execution_id" not in r.tags for r in requests)  # several executions: per-id tags only
+    assert all(r.tags["marketing/campaigns"] == "spring-launch" for r in requests)
+    results = [_run(r, db_url, instance) for r in requests]
+    assert all(r.success for r in results)
+    assert Counter(r.headers["idempotency-key"] for r in hook.received) == {
+        f"marketing-execution-{i}-attempt-1": 1 for i in ids
+    }
+    assert {_row(engine, i)["run_id"] for i in ids} == {r.run_id for r in results}
+    # The UI's run filter finds the run of one execution by its tag (key with the id, value the attempt).
+    found = instance.get_runs(dg.RunsFilter(tags={f"marketing/execution_id.{ids[5]}": "1"}))
+    assert [run.run_id for run in found] == [results[1].run_id]
+
+
+def test_one_failing_webhook_costs_the_others_nothing(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MARKETING_RETRY_BACKOFF_SECONDS", "600")
+    ids = _schedule(engine, hook.url, n=5)
+    failing = ids[2]
+
+    def status(received: Received) -> int:
+        return 500 if received.path == "/hook/2" else 200
+
+    hook.status_for = status
+    [request] = _tick(db_url, instance)
+    result = _run(request, db_url, instance)
+    # The run did its job: every outcome is recorded, the failure as that execution's own.
+    assert result.success
+    assert _outcomes(result) == {i: ("RESCHEDULED" if i == failing else "SUCCEEDED") for i in ids}
+    assert Counter(_keys(hook)) == {f"marketing-execution-{i}-attempt-1": 1 for i in ids}
+    for i in ids:
+        row = _row(engine, i)
+        if i == failing:
+            assert (row["status"], row["attempts"]) == ("SCHEDULED", 1)
+            assert "HTTP 500" in row["last_error"]
+            assert row["due_at"] > datetime.now(UTC) + timedelta(seconds=500)
+        else:
+            assert (row["status"], row["attempts"], row["last_error"]) == ("SUCCEEDED", 1, None)
+    assert _tick(db_url, instance) == []  # the failing one backs off; nothing else is due
+    logs = [e.message for e in instance.all_logs(result.run_id) if e.message]
+    assert any(f"Execution {failing}" in m and "HTTP 500" in m for m in logs)
 
 
 def test_http_500_reschedules_with_backoff_then_fails_at_max_attempts(
@@ -93,74 +178,85 @@ def test_http_500_reschedules_with_backoff_then_fails_at_max_attempts(
 ) -> None:
     monkeypatch.setenv("MARKETING_RETRY_BACKOFF_SECONDS", "600")
     hook.status = 500
-    execution_id = _schedule(engine, hook.url, max_attempts=2)
+    [execution_id] = _schedule(engine, hook.url, max_attempts=2)
     [request] = _tick(db_url, instance)
-    assert not _run(request, db_url, instance).success
+    assert _outcomes(_run(request, db_url, instance)) == {execution_id: "RESCHEDULED"}
     row = _row(engine, execution_id)
     assert row["status"] == "SCHEDULED" and row["attempts"] == 1
     assert "HTTP 500" in row["last_error"]
-    assert row["due_at"] > datetime.now(UTC) + timedelta(seconds=500)
     assert _tick(db_url, instance) == []  # backing off: not due yet
     with engine.begin() as conn:
         conn.execute(sa.update(t).values(due_at=datetime.now(UTC) - timedelta(seconds=1)))
     [retry] = _tick(db_url, instance)
-    assert retry.run_key == f"execution:{execution_id}:2"
-    assert not _run(retry, db_url, instance).success
+    assert executions_of_run(retry.tags) == {execution_id: 2}
+    assert retry.run_key != request.run_key
+    assert _outcomes(_run(retry, db_url, instance)) == {execution_id: "FAILED"}
     assert _row(engine, execution_id)["status"] == "FAILED"
-    assert [r.headers["idempotency-key"] for r in hook.received] == [
+    assert _keys(hook) == [
         f"marketing-execution-{execution_id}-attempt-1",
         f"marketing-execution-{execution_id}-attempt-2",
     ]
+    with engine.connect() as conn:
+        attempts = [(a["attempt"], a["outcome"]) for a in list_attempts(conn, execution_id)]
+    assert attempts == [(1, "RESCHEDULED"), (2, "FAILED")]
 
 
-def test_run_that_lost_its_lease_mid_action_cannot_complete(
-    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
+def test_run_that_lost_a_lease_mid_action_cannot_complete_that_execution(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    execution_id = _schedule(engine, hook.url)
+    monkeypatch.setenv("MARKETING_WEBHOOK_CONCURRENCY", "1")
+    ids = _schedule(engine, hook.url, n=3)
+    stolen = ids[1]
 
-    def steal(_: object) -> None:
-        # While the POST is in flight the lease expires and another attempt takes the row.
-        with engine.begin() as conn:
-            conn.execute(sa.update(t).where(t.c.id == execution_id).values(lease_owner="claim:other", attempts=2))
+    def steal(received: Received) -> None:
+        # While this POST is in flight its lease expires and another attempt takes the row.
+        if received.path == "/hook/1":
+            with engine.begin() as conn:
+                conn.execute(sa.update(t).where(t.c.id == stolen).values(lease_owner="claim:other", attempts=2))
 
     hook.on_request = steal
     [request] = _tick(db_url, instance)
     result = _run(request, db_url, instance)
-    assert not result.success
-    failure = result.get_step_failure_events()[0].step_failure_data.error
-    assert failure is not None and "lost its lease" in failure.message
-    row = _row(engine, execution_id)
+    assert result.success
+    assert _outcomes(result) == {ids[0]: "SUCCEEDED", stolen: "LEASE_LOST", ids[2]: "SUCCEEDED"}
+    row = _row(engine, stolen)
     assert (row["status"], row["lease_owner"]) == ("RUNNING", "claim:other")
+    logs = [e.message for e in instance.all_logs(result.run_id) if e.message]
+    assert any(f"Execution {stolen}" in m and "lost its lease" in m for m in logs)
 
 
 def test_run_started_after_its_claim_was_reclaimed_does_nothing(
     db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
 ) -> None:
-    execution_id = _schedule(engine, hook.url)
+    [execution_id] = _schedule(engine, hook.url)
     [stale] = _tick(db_url, instance)
     with engine.begin() as conn:  # the claim's lease runs out before its run starts
         conn.execute(sa.update(t).values(lease_expires_at=datetime.now(UTC) - timedelta(seconds=1)))
     [fresh] = _tick(db_url, instance)
-    assert fresh.run_key == f"execution:{execution_id}:2"
+    assert executions_of_run(fresh.tags) == {execution_id: 2}
     stale_result = _run(stale, db_url, instance)
-    assert stale_result.success and stale_result.output_for_node("run_marketing_execution")["outcome"] == "skipped"
+    assert stale_result.success and _outcomes(stale_result) == {execution_id: "SKIPPED"}
     assert hook.received == []
     assert _run(fresh, db_url, instance).success
     assert len(hook.received) == 1 and _row(engine, execution_id)["status"] == "SUCCEEDED"
+    with engine.connect() as conn:
+        attempts = [(a["attempt"], a["outcome"]) for a in list_attempts(conn, execution_id)]
+    # The first claim's lease expired before any run started it: it shows as a claim without a run.
+    assert attempts == [(2, "SUCCEEDED")]
 
 
-def test_reexecution_of_a_succeeded_execution_does_nothing(
+def test_reexecution_of_a_succeeded_batch_does_nothing(
     db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
 ) -> None:
-    _schedule(engine, hook.url)
+    ids = _schedule(engine, hook.url, n=3)
     [request] = _tick(db_url, instance)
     assert _run(request, db_url, instance).success
     again = _run(request, db_url, instance)  # what "Re-execute" in the UI does: same config
     assert again.success
-    assert again.output_for_node("run_marketing_execution")["outcome"] == "skipped"
-    assert len(hook.received) == 1
+    assert _outcomes(again) == dict.fromkeys(ids, "SKIPPED")
+    assert len(hook.received) == 3
     logs = [e.message for e in instance.all_logs(again.run_id) if e.message]
-    assert any("is SUCCEEDED" in m and "does nothing" in m for m in logs)
+    assert sum("is SUCCEEDED" in m and "does nothing" in m for m in logs) == 3
 
 
 class ExplodingWebhook(WebhookClient):
@@ -168,24 +264,79 @@ class ExplodingWebhook(WebhookClient):
         raise RuntimeError("bug in the action")
 
 
-def test_run_failure_sensor_reschedules_a_run_that_crashed_before_recording(
+def test_a_bug_in_one_action_is_recorded_as_that_executions_failure(
     db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
 ) -> None:
-    execution_id = _schedule(engine, hook.url)
+    [execution_id] = _schedule(engine, hook.url)
     [request] = _tick(db_url, instance)
     result = _run(request, db_url, instance, webhook=ExplodingWebhook())
-    assert not result.success
-    assert _row(engine, execution_id)["status"] == "RUNNING"  # the crash recorded nothing
-    context = dg.build_run_status_sensor_context(
-        sensor_name="work_run_failure_sensor",
-        dagster_instance=instance,
-        dagster_run=result.dagster_run,
-        dagster_event=result.get_run_failure_event(),
-        resources={"app_db": AppDatabase(url=db_url)},
-    ).for_run_failure()
-    work_run_failure_sensor(context)
+    assert result.success and _outcomes(result) == {execution_id: "RESCHEDULED"}
     row = _row(engine, execution_id)
     assert row["status"] == "SCHEDULED" and row["lease_owner"] is None
-    assert result.run_id in row["last_error"]
-    work_run_failure_sensor(context)  # a repeated event changes nothing: the row is not held any more
-    assert _row(engine, execution_id)["status"] == "SCHEDULED"
+    assert row["last_error"] == "internal error: RuntimeError: bug in the action"
+
+
+class BrokenDatabase(AppDatabase):
+    """The run dies before its op starts (its resource cannot be built): it records nothing."""
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        raise RuntimeError("database resource failed to start")
+
+
+def _run_status_context(result: dg.ExecuteInProcessResult, instance: dg.DagsterInstance, db_url: str, name: str):
+    event = result.get_run_failure_event() if not result.success else None
+    return dg.build_run_status_sensor_context(
+        sensor_name=name,
+        dagster_instance=instance,
+        dagster_run=result.dagster_run,
+        dagster_event=event,
+        resources={"app_db": AppDatabase(url=db_url)},
+    )
+
+
+def test_run_failure_sensor_reschedules_every_execution_a_dead_run_held(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
+) -> None:
+    ids = _schedule(engine, hook.url, n=3)
+    [request] = _tick(db_url, instance)
+    # One execution of the batch already finished elsewhere (e.g. this run's first pass).
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(t).where(t.c.id == ids[0]).values(status="SUCCEEDED", lease_owner=None, lease_expires_at=None)
+        )
+    result = marketing_execution_job.execute_in_process(
+        run_config=request.run_config,
+        tags=request.tags,
+        instance=instance,
+        resources={"app_db": BrokenDatabase(url=db_url), "webhook": WebhookClient(timeout_s=5)},
+        raise_on_error=False,
+    )
+    assert not result.success
+    assert [_row(engine, i)["status"] for i in ids] == ["SUCCEEDED", "RUNNING", "RUNNING"]
+    context = _run_status_context(result, instance, db_url, "execution_run_failure_sensor").for_run_failure()
+    execution_run_failure_sensor(context)
+    assert [_row(engine, i)["status"] for i in ids] == ["SUCCEEDED", "SCHEDULED", "SCHEDULED"]
+    assert all(result.run_id in _row(engine, i)["last_error"] for i in ids[1:])
+    execution_run_failure_sensor(context)  # a repeated event changes nothing: the rows are not held any more
+    assert [_row(engine, i)["status"] for i in ids] == ["SUCCEEDED", "SCHEDULED", "SCHEDULED"]
+    assert hook.received == []
+
+
+def test_canceled_run_cancels_the_executions_it_held(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
+) -> None:
+    ids = _schedule(engine, hook.url, n=2)
+    [request] = _tick(db_url, instance)
+    run = instance.create_run_for_job(job_def=marketing_execution_job, run_config=request.run_config, tags=request.tags)
+    instance.report_run_canceled(run)
+    canceled = instance.get_run_by_id(run.run_id)
+    assert canceled is not None and canceled.status == dg.DagsterRunStatus.CANCELED
+    context = dg.build_run_status_sensor_context(
+        sensor_name="execution_run_canceled_sensor",
+        dagster_instance=instance,
+        dagster_run=canceled,
+        dagster_event=instance.all_logs(run.run_id)[-1].dagster_event,
+        resources={"app_db": AppDatabase(url=db_url)},
+    )
+    execution_run_canceled_sensor(context)
+    assert [_row(engine, i)["status"] for i in ids] == ["CANCELLED", "CANCELLED"]

@@ -1,0 +1,132 @@
+"""A batch run killed with SIGKILL mid-batch: what it finished stays finished, the rest recover once.
+
+The run works in its own process (webhooks one at a time, so the kill lands at a known point):
+the third webhook's receiver holds the request while the test kills the process. The first two
+executions were recorded SUCCEEDED; the other three are RUNNING under the dead run until their
+leases expire, then the sensor requeues and re-claims them, and a new run finishes them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import dagster as dg
+import sqlalchemy as sa
+
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.executions.actions import WebhookClient
+from marketing_pipelines.executions.jobs import marketing_execution_job
+from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
+from marketing_pipelines.executions.sensors import due_executions_sensor, executions_of_run
+from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.webserver import Received, webhook_server
+
+LEASE_SECONDS = 5  # the smallest lease the setting accepts: recovery within seconds
+N = 5
+HELD = "/hook/2"  # the third execution's webhook: the run is killed while it is in flight
+
+
+def _worker(db_url: str, run_config: dict[str, Any], tags: dict[str, str]) -> None:
+    os.environ.update(
+        MARKETING_DATABASE_URL=db_url,
+        MARKETING_EXECUTION_LEASE_SECONDS=str(LEASE_SECONDS),
+        MARKETING_WEBHOOK_CONCURRENCY="1",
+    )
+    with dg.DagsterInstance.ephemeral() as instance:
+        marketing_execution_job.execute_in_process(
+            run_config=run_config,
+            tags=tags,
+            instance=instance,
+            resources={"app_db": AppDatabase(url=db_url), "webhook": WebhookClient(timeout_s=60)},
+        )
+
+
+def _tick(db_url: str) -> list[dg.RunRequest]:
+    context = dg.build_sensor_context(
+        instance=dg.DagsterInstance.ephemeral(), resources={"app_db": AppDatabase(url=db_url)}
+    )
+    result = due_executions_sensor(context)
+    return list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
+
+
+def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(
+    db_url: str, engine: sa.Engine, monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("MARKETING_EXECUTION_LEASE_SECONDS", str(LEASE_SECONDS))
+    add_campaign(engine)
+    arrived, release = threading.Event(), threading.Event()
+
+    def hold(received: Received) -> None:
+        if received.path == HELD and not arrived.is_set():
+            arrived.set()
+            release.wait(timeout=60)
+
+    with webhook_server() as hook:
+        hook.on_request = hold
+        with engine.begin() as conn:
+            ids = [
+                schedule_execution(
+                    conn,
+                    campaign_id="spring-launch",
+                    stage="launch",
+                    action="webhook",
+                    due_at=datetime.now(UTC) - timedelta(seconds=N - i),
+                    payload={"url": f"{hook.url}/{i}", "body": {"n": i}},
+                )
+                for i in range(N)
+            ]
+        [request] = _tick(db_url)
+        assert sorted(executions_of_run(request.tags)) == ids
+
+        worker = mp.get_context("spawn").Process(
+            target=_worker, args=(db_url, dict(request.run_config), dict(request.tags))
+        )
+        worker.start()
+        try:
+            assert arrived.wait(timeout=120), "the run never reached the third webhook"
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.join(timeout=30)
+        finally:
+            release.set()
+            if worker.is_alive():
+                worker.kill()
+        assert worker.exitcode == -signal.SIGKILL
+
+        def statuses() -> list[str]:
+            with engine.connect() as conn:
+                return [get_execution(conn, i)["status"] for i in ids]  # type: ignore[index]
+
+        assert statuses() == ["SUCCEEDED", "SUCCEEDED", "RUNNING", "RUNNING", "RUNNING"]
+
+        # Nothing is due until the dead run's leases expire; then one tick requeues and re-claims them.
+        assert _tick(db_url) == []
+        time.sleep(LEASE_SECONDS + 1)
+        [retry] = _tick(db_url)
+        assert executions_of_run(retry.tags) == {i: 2 for i in ids[2:]}
+        with dg.DagsterInstance.ephemeral() as instance:
+            result = marketing_execution_job.execute_in_process(
+                run_config=retry.run_config,
+                tags=retry.tags,
+                instance=instance,
+                resources={"app_db": AppDatabase(url=db_url), "webhook": WebhookClient(timeout_s=5)},
+            )
+        assert result.success
+
+    assert statuses() == ["SUCCEEDED"] * N
+    posts = Counter(r.path for r in hook.received)
+    # Finished rows were not sent again; the one in flight at the kill was sent again (at least once).
+    assert posts == {"/hook/0": 1, "/hook/1": 1, "/hook/2": 2, "/hook/3": 1, "/hook/4": 1}
+    with engine.connect() as conn:
+        history = {i: [(a["attempt"], a["outcome"]) for a in list_attempts(conn, i)] for i in ids}
+    assert history == {
+        ids[0]: [(1, "SUCCEEDED")],
+        ids[1]: [(1, "SUCCEEDED")],
+        **{i: [(1, "LEASE_EXPIRED"), (2, "SUCCEEDED")] for i in ids[2:]},
+    }
