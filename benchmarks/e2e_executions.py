@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import math
 import os
 import random
@@ -45,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -75,6 +77,9 @@ CAMPAIGN = "bench"
 BOOT_TIMEOUT_S = 240.0  # daemon start until its first tick of the sensor
 DRAIN_TIMEOUT_S = 120.0  # after the last row: until the Dagster runs themselves have ended
 IDEMPOTENCY_KEY = re.compile(r"^marketing-execution-(\d+)-attempt-(\d+)$")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4} - ")
+SERIOUS = re.compile(r"ERROR|Traceback|CRITICAL")
 TERMINAL = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
@@ -157,12 +162,17 @@ def _daemon_env(app_url: str, home: Path, pg: Mapping[str, str], overrides: Mapp
 
 
 def _log_findings(log_path: Path, limit: int = 12) -> list[str]:
-    """Lines of the daemon's log that are errors, warnings or tracebacks (first ``limit`` of them)."""
+    """Distinct error, warning and traceback lines of the daemon's log, each with how often it occurred."""
     try:
         lines = log_path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return []
-    return [line for line in lines if re.search(r"ERROR|WARNING|Traceback|Exception|CRITICAL", line)][:limit]
+    found: Counter[str] = Counter()
+    for line in lines:
+        line = ANSI.sub("", line)
+        if re.search(r"ERROR|WARNING|Traceback|Exception|CRITICAL", line):
+            found[TIMESTAMP.sub("", line).strip()] += 1
+    return [f"{n}x {line}" for line, n in found.most_common(limit)]
 
 
 # --- databases ---------------------------------------------------------------------------------
@@ -368,6 +378,15 @@ def _wait_first_tick(instance: dg.DagsterInstance, daemon: Daemon) -> None:
     raise RuntimeError(f"no {SENSOR} tick within {BOOT_TIMEOUT_S:.0f}s; daemon log:\n{daemon.log_tail()}")
 
 
+def _tick_gap_note(instance: dg.DagsterInstance) -> str:
+    """How often the daemon actually ticked the sensor (its minimum interval is only a lower bound)."""
+    stamps = sorted(t.timestamp for t in _sensor_ticks(instance))
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    if not gaps:
+        return f"{SENSOR}: {len(stamps)} tick(s)"
+    return f"{SENSOR} ticked every {statistics.median(gaps):.1f} s (median of {len(gaps)} gaps, max {max(gaps):.1f} s)"
+
+
 def _wait_runs_ended(instance: dg.DagsterInstance, daemon: Daemon, timeout: float) -> Counter[str]:
     """Wait (bounded) until every run of the job has ended; returns runs per status."""
     deadline = time.monotonic() + timeout
@@ -468,6 +487,7 @@ def measure_throughput(
     if set(run_statuses) - {"SUCCESS"}:
         notes.append(f"Dagster runs of {JOB}: {dict(run_statuses)}")
         notes += _run_failures(session.instance)
+    notes.append(_tick_gap_note(session.instance))
     if timed_out:
         rate = len(done) / total_s * 60 if total_s else 0.0
         eta = f"{n / rate * 60:,.0f} s" if rate else "unknown"
@@ -500,6 +520,8 @@ def measure_single(session: Session, samples: int, timeout: float) -> tuple[list
     notes: list[str] = []
     for sample in range(samples):
         if sample:
+            # The previous run has ended too (not just its row), then a pause off the sensor's beat.
+            _wait_runs_ended(session.instance, session.daemon, DRAIN_TIMEOUT_S)
             time.sleep(random.uniform(0, 5))
         due = _insert_due(session.engine, 1, "log", None, first=sample)
         deadline = time.monotonic() + timeout
@@ -519,7 +541,30 @@ def measure_single(session: Session, samples: int, timeout: float) -> tuple[list
             notes.append(f"sample {sample + 1}: {row.status} after {row.attempts} attempt(s)")
         if row.finished_at is not None:
             latencies.append((row.finished_at - due).total_seconds())
+    notes.append(_tick_gap_note(session.instance))
+    run_statuses = _wait_runs_ended(session.instance, session.daemon, DRAIN_TIMEOUT_S)
+    if set(run_statuses) - {"SUCCESS"}:
+        notes.append(f"Dagster runs of {JOB}: {dict(run_statuses)}")
+        notes += _run_failures(session.instance)
     return latencies, notes
+
+
+def _throughput_shape(
+    shape: str, overrides: Mapping[str, str], args: argparse.Namespace, log_dir: Path
+) -> tuple[Result, tuple[float, ...]]:
+    """One shape on its own daemon and databases; returns its result and the wall time of each part."""
+    per_run = overrides.get("MARKETING_EXECUTIONS_PER_RUN", "default")
+    began = time.monotonic()
+    print(f"[{shape}] starting dagster-daemon (MARKETING_EXECUTIONS_PER_RUN={per_run}) ...", flush=True)
+    receiving = webhook_receiver(args.receiver_delay_ms / 1000) if args.action == "webhook" else _nothing()
+    with receiving as receiver, daemon_session(shape, overrides, log_dir) as session:
+        print(f"[{shape}] first sensor tick after {session.boot_s:.1f} s; {args.executions} due now", flush=True)
+        result = measure_throughput(session, shape, per_run, args, receiver)
+        teardown_began = time.monotonic()
+    teardown_s = time.monotonic() - teardown_began
+    print(f"[{shape}] done: {result.finished}/{result.n} in {result.total_s:.1f} s", flush=True)
+    p = result.phases
+    return result, (p["boot"], p["measure"], p["drain"], teardown_s, time.monotonic() - began)
 
 
 # --- main --------------------------------------------------------------------------------------
@@ -561,6 +606,9 @@ def main() -> None:
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="mp-bench-logs-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
+    single: tuple[list[float], list[str]] | None = None
+    completed = False
+    failures: list[str] = []
     phase_rows: list[tuple[Any, ...]] = []
     log_notes: list[tuple[str, list[str]]] = []
     try:
@@ -570,30 +618,18 @@ def main() -> None:
                 "one": {"MARKETING_EXECUTIONS_PER_RUN": "1"},
             }
             for shape in args.shapes:
-                overrides = shapes[shape]
-                per_run = overrides.get("MARKETING_EXECUTIONS_PER_RUN", "default")
-                began = time.monotonic()
-                print(f"[{shape}] starting dagster-daemon (MARKETING_EXECUTIONS_PER_RUN={per_run}) ...", flush=True)
-                with (
-                    webhook_receiver(args.receiver_delay_ms / 1000) if args.action == "webhook" else _nothing()
-                ) as receiver:
-                    with daemon_session(shape, overrides, log_dir) as session:
-                        print(f"[{shape}] first sensor tick after {session.boot_s:.1f} s; {args.executions} due now")
-                        result = measure_throughput(session, shape, per_run, args, receiver)
-                        teardown_began = time.monotonic()
-                    result.phases["teardown"] = time.monotonic() - teardown_began
+                try:
+                    result, phases = _throughput_shape(shape, shapes[shape], args, log_dir)
+                except Exception:
+                    # The daemon is stopped and the databases dropped by now; measure the other shapes.
+                    failures.append(shape)
+                    print(f"[{shape}] FAILED:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+                    continue
+                finally:
+                    log_notes.append((shape, _log_findings(log_dir / f"daemon-{shape}.log")))
                 results.append(result)
-                phase_rows.append(
-                    (
-                        shape,
-                        *(result.phases[k] for k in ("boot", "measure", "drain", "teardown")),
-                        time.monotonic() - began,
-                    )
-                )
-                log_notes.append((shape, _log_findings(log_dir / f"daemon-{shape}.log")))
-                print(f"[{shape}] done: {result.finished}/{result.n} in {result.total_s:.1f} s", flush=True)
+                phase_rows.append((shape, *phases))
 
-        single: tuple[list[float], list[str]] | None = None
         if args.single:
             began = time.monotonic()
             print(f"[single] starting dagster-daemon (default settings) for {args.single} samples ...", flush=True)
@@ -607,8 +643,16 @@ def main() -> None:
                 ("single", boot_s, measure_s, 0.0, time.monotonic() - teardown_began, time.monotonic() - began)
             )
             log_notes.append(("single", _log_findings(log_dir / "daemon-single.log")))
+        completed = True
     finally:
-        if not keep_logs and not any(findings for _, findings in log_notes):
+        # Keep the daemon logs when asked, or when something went wrong and they tell why.
+        serious = any(SERIOUS.search(line) for _, findings in log_notes for line in findings)
+        wrong = any(r.exactly_once != "yes" for r in results) or (
+            single is not None and any(not note.startswith(SENSOR) for note in single[1])
+        )
+        if keep_logs or not completed or failures or serious or wrong:
+            print(f"\ndaemon logs kept in {log_dir}")
+        else:
             shutil.rmtree(log_dir, ignore_errors=True)
 
     if results:
@@ -671,10 +715,12 @@ def main() -> None:
         )
     flagged = [(shape, findings) for shape, findings in log_notes if findings]
     if flagged:
-        print(f"\ndaemon log lines with errors or warnings (logs kept in {log_dir}):")
+        print("\ndaemon log lines with errors or warnings:")
         for shape, findings in flagged:
             for line in findings:
                 print(f"  [{shape}] {line}")
+    if failures:
+        sys.exit(f"\nshape(s) failed: {', '.join(failures)} (tracebacks above)")
 
 
 @contextlib.contextmanager

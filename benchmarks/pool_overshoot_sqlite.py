@@ -44,12 +44,6 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5, help="independent trials (default 5)")
     parser.add_argument("--runs", type=int, default=5, help="agent runs launched at once per trial (default 5)")
     parser.add_argument("--limit", type=int, default=2, help="agent_runs pool limit (default 2)")
-    parser.add_argument(
-        "--executor",
-        choices=["in_process", "multiprocess"],
-        default="in_process",
-        help="run the op in the run worker (default) or in a step subprocess, as launched runs do",
-    )
     parser.add_argument("--timeout", type=float, default=180, help="seconds one trial's workers may take (default 180)")
     parser.add_argument("--model-delay", type=float, default=1.0, help="seconds the fake model takes to answer")
     args = parser.parse_args()
@@ -75,7 +69,6 @@ def main() -> None:
                         env,
                         args.runs,
                         args.limit,
-                        in_process=args.executor == "in_process",
                         timeout_s=args.timeout,
                     )
                     info = instance.event_log_storage.get_concurrency_info("agent_runs")
@@ -87,7 +80,7 @@ def main() -> None:
                     flush=True,
                 )
     print_table(
-        f"agent_runs pool on SQLite storage: {args.runs} runs at once, limit {args.limit}, {args.executor}",
+        f"agent_runs pool on SQLite storage: {args.runs} runs at once, limit {args.limit}",
         ["trial", "max overlap", "overshot", "succeeded", "slots left claimed"],
         rows,
     )

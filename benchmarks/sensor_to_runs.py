@@ -1,13 +1,17 @@
-"""Due executions turned into Dagster runs per second through due_work_sensor, next to Dagster's ceiling.
+"""Due executions handed to Dagster runs per second through due_executions_sensor, next to a ceiling.
 
-The ceiling is a sensor that returns the same number of RunRequests (same job, run config and
-tags) with no database work. Both sides then create each requested run on the same real instance
-(``create_run_for_job``: config validation, execution plan, run record), alternating in one run,
-so the ratio isolates what the claim adds. Launching a run (a process per run with the default
-launcher) costs the same for both and is left out. Also prints the tick time for the batch size
-against Dagster's 60 s sensor timeout.
+The ceiling is a sensor that returns the same RunRequests (same job, batches, run config and
+tags, built by the project's own ``batch_run_request``) with no database work. Both sides then
+create each requested run on the same real instance (``create_run_for_job``: config validation,
+execution plan, run record), alternating in one run, so the ratio isolates what the claim adds.
+Launching a run costs the same for both and is left out (benchmarks/e2e_executions.py measures the
+whole path through the daemon). Also prints the tick time for the batch size against Dagster's
+60 s sensor timeout.
 
-    python benchmarks/sensor_to_runs.py --executions 2000 --batch 100
+    python benchmarks/sensor_to_runs.py --executions 2000 --batch 100 --per-run 1
+    python benchmarks/sensor_to_runs.py --executions 2000 --batch 1000 --per-run 100
+
+Rates are executions handed to created runs per second.
 """
 
 from __future__ import annotations
@@ -27,33 +31,19 @@ from marketing_pipelines.db.resources import AppDatabase
 SENSOR_TIMEOUT_S = 60.0
 
 
-def _ceiling_requests(n: int, start_id: int) -> list[dg.RunRequest]:
-    from marketing_pipelines.executions.jobs import OP_NAME
+def _ceiling_requests(n: int, start_id: int, per_run: int) -> list[dg.RunRequest]:
+    from marketing_pipelines.executions.sensors import batch_run_request
 
-    return [
-        dg.RunRequest(
-            run_key=f"execution:{i}:1",
-            job_name="marketing_execution_job",
-            run_config={"ops": {OP_NAME: {"config": {"execution_id": i, "claimed_by": "claim:bench"}}}},
-            tags={
-                "marketing/execution_id": str(i),
-                "marketing/campaign_id": "bench",
-                "marketing/stage": "launch",
-                "marketing/action": "log",
-                "marketing/attempt": "1",
-                "marketing/claimed_by": "claim:bench",
-            },
-        )
-        for i in range(start_id, start_id + n)
-    ]
+    rows = [{"id": i, "attempts": 1, "campaign_id": "bench"} for i in range(start_id, start_id + n)]
+    return [batch_run_request(rows[k : k + per_run], "claim:bench") for k in range(0, n, per_run)]  # type: ignore[arg-type]
 
 
-def _run(url: str, executions: int, batch: int, mode: str) -> tuple[float, list[float], int]:
-    """Returns (runs per second, tick seconds, runs created)."""
+def _run(url: str, executions: int, batch: int, per_run: int, mode: str) -> tuple[float, list[float], int]:
+    """Returns (executions handed to created runs per second, tick seconds, executions)."""
     from _seed import seed_due
 
     from marketing_pipelines.definitions import defs
-    from marketing_pipelines.work import due_work_sensor
+    from marketing_pipelines.executions.sensors import due_executions_sensor, executions_of_run
 
     seed_due(url, executions)
     job = defs.resolve_job_def("marketing_execution_job")
@@ -65,16 +55,16 @@ def _run(url: str, executions: int, batch: int, mode: str) -> tuple[float, list[
         while created < executions:
             tick_start = time.perf_counter()
             if mode == "project":
-                result = due_work_sensor(context)
+                result = due_executions_sensor(context)
                 requests = list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
             else:
-                requests = _ceiling_requests(min(batch, executions - created), created + 1)
+                requests = _ceiling_requests(min(batch, executions - created), created + 1, per_run)
             ticks.append(time.perf_counter() - tick_start)
             if not requests:
                 break
             for request in requests:
                 instance.create_run_for_job(job_def=job, run_config=request.run_config, tags=request.tags)
-            created += len(requests)
+                created += len(executions_of_run(request.tags))
         elapsed = time.perf_counter() - began
     return created / elapsed, ticks, created
 
@@ -83,29 +73,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database", choices=["postgres", "sqlite"], nargs="+", default=["postgres", "sqlite"])
     parser.add_argument("--executions", type=int, default=2000, help="due executions per measurement")
-    parser.add_argument("--batch", type=int, default=100, help="MARKETING_SENSOR_BATCH_SIZE")
+    parser.add_argument("--batch", type=int, default=1000, help="MARKETING_SENSOR_BATCH_SIZE")
+    parser.add_argument("--per-run", type=int, default=100, help="MARKETING_EXECUTIONS_PER_RUN")
     parser.add_argument("--repeat", type=int, default=2, help="alternating measurements per side")
     args = parser.parse_args()
     os.environ["MARKETING_SENSOR_BATCH_SIZE"] = str(args.batch)
+    os.environ["MARKETING_EXECUTIONS_PER_RUN"] = str(args.per_run)
     rows = []
     for database in args.database:
         with throwaway_database(database) as url:
             os.environ["MARKETING_DATABASE_URL"] = url
             project_rates, ceiling_rates, claim_ticks = [], [], []
-            _run(url, min(200, args.executions), args.batch, "ceiling")  # warm-up: imports, job snapshot
+            _run(url, min(200, args.executions), args.batch, args.per_run, "ceiling")  # warm-up: imports, job snapshot
             for _ in range(args.repeat):
-                rate, ticks, _n = _run(url, args.executions, args.batch, "project")
+                rate, ticks, _n = _run(url, args.executions, args.batch, args.per_run, "project")
                 project_rates.append(rate)
                 claim_ticks += ticks[:-1] or ticks
-                rate, _ticks, _n = _run(url, args.executions, args.batch, "ceiling")
+                rate, _ticks, _n = _run(url, args.executions, args.batch, args.per_run, "ceiling")
                 ceiling_rates.append(rate)
             project, ceiling = statistics.median(project_rates), statistics.median(ceiling_rates)
             tick = statistics.median(claim_ticks)
             rows.append((database, args.batch, project, ceiling, project / ceiling, tick, SENSOR_TIMEOUT_S / tick))
             get_engine(url).dispose()
     print_table(
-        f"sensor to runs, {args.executions} due executions, batch {args.batch} (runs created per second)",
-        ["database", "batch", "due_work_sensor", "ceiling", "ratio", "tick s", "timeout/tick"],
+        f"sensor to runs, {args.executions} due executions, batch {args.batch}, {args.per_run} per run "
+        "(executions handed to created runs per second)",
+        ["database", "batch", "due_executions_sensor", "ceiling", "ratio", "tick s", "timeout/tick"],
         rows,
     )
 

@@ -13,10 +13,11 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 TINY = {
     "claim_throughput.py": ["--rows", "300", "--workers", "1", "2", "--batches", "10", "--seconds", "0.5"],
     "token_bucket.py": ["--processes", "1", "2", "--seconds", "0.5"],
-    "sensor_to_runs.py": ["--executions", "40", "--batch", "20", "--repeat", "1"],
+    "sensor_to_runs.py": ["--executions", "40", "--batch", "20", "--per-run", "5", "--repeat", "1"],
     "rollup_build.py": ["--events", "2000", "--repeat", "1", "--database", "sqlite", "postgres"],
     "report_latency.py": ["--events", "2000", "--days", "7", "--repeat", "1", "--raw-repeat", "1"],
     "range_uniques.py": ["--actors", "200", "2000", "--campaigns", "2", "--days", "7", "30"],
+    "e2e_executions.py": ["--executions", "20", "--shapes", "batched", "--timeout", "120"],
     "pool_overshoot_sqlite.py": ["--trials", "1", "--runs", "2", "--limit", "1", "--model-delay", "0.2"],
 }
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 import shutil
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import dagster as dg
+import pytest
 import sqlalchemy as sa
 
 # Read-only views of the daemon's sensor state; dagster exports no public name for them.
@@ -133,3 +135,80 @@ def test_daemon_runs_due_executions_and_a_queued_agent_run_unattended(pg_url: st
         "queued_agent_runs_sensor": InstigatorStatus.DECLARED_IN_CODE,
     }
     assert {run_id for tick in ticks if tick.status == TickStatus.SUCCESS for run_id in tick.run_ids} == run_ids
+
+
+def _sensor_ticks(instance: dg.DagsterInstance, name: str) -> list[Any]:
+    [state] = [
+        s for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR) if s.instigator_name == name
+    ]
+    return list(instance.get_ticks(state.instigator_origin_id, state.selector_id))
+
+
+@pytest.mark.parametrize(
+    ("broken_table", "broken_sensor", "working_prefix"),
+    [
+        # Today's work still launches when the other domain's claim fails on every tick.
+        ("agent_run", "queued_agent_runs_sensor", "execution"),
+        ("marketing_execution", "due_executions_sensor", "agent run"),
+    ],
+)
+def test_a_failing_domain_sensor_costs_the_other_domain_nothing(
+    pg_url: str, tmp_path: Path, broken_table: str, broken_sensor: str, working_prefix: str
+) -> None:
+    engine = get_engine(pg_url)
+    _seed(engine)
+    working = {k for k in _statuses(engine) if k.startswith(working_prefix)}
+    # The failure injected into one domain: its table refuses every UPDATE, so each claim raises
+    # (reads still work: the other domain's agent may read executions through its tools).
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "CREATE FUNCTION refuse_update() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'injected failure: % refuses updates', TG_TABLE_NAME; END $$"
+            )
+        )
+        conn.execute(
+            sa.text(
+                f"CREATE TRIGGER refuse BEFORE UPDATE ON {broken_table} FOR EACH ROW EXECUTE FUNCTION refuse_update()"
+            )
+        )
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    env = child_env(
+        DAGSTER_HOME=str(home),
+        MARKETING_DATABASE_URL=pg_url,
+        MARKETING_SENSOR_INTERVAL_SECONDS="2",
+        MARKETING_MODEL_PROVIDER="offline",
+    )
+    argv = [dagster_bin("dagster-daemon"), "run", "-w", "workspace.yaml"]
+
+    def working_statuses() -> dict[str, str]:
+        with engine.connect() as conn:
+            table = "agent_run" if working_prefix == "agent run" else "marketing_execution"
+            rows = conn.execute(sa.text(f"SELECT id, status FROM {table}")).all()
+        return {f"{working_prefix} {r.id}": r.status for r in rows}
+
+    try:
+        with running([]) as children:
+            children.append(start("dagster-daemon", argv, env, tmp_path))
+            wait_for(
+                f"the {working_prefix}s to reach SUCCEEDED while {broken_sensor} fails",
+                lambda: set(working_statuses()) == working and set(working_statuses().values()) == {"SUCCEEDED"},
+                TIMEOUT_SECONDS,
+                children,
+                interval=1,
+                detail=lambda: f"app database: {working_statuses()}",
+            )
+            with dg.DagsterInstance.from_config(str(home)) as instance:
+                failed = wait_for(
+                    f"a failed tick of {broken_sensor}",
+                    lambda: [t for t in _sensor_ticks(instance, broken_sensor) if t.status == TickStatus.FAILURE],
+                    60,
+                    children,
+                )
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TRIGGER refuse ON {broken_table}"))
+            conn.execute(sa.text("DROP FUNCTION refuse_update()"))
+    assert f"injected failure: {broken_table} refuses updates" in failed[0].error.to_string()

@@ -138,8 +138,11 @@ def run_agent(
 
 @dg.job(
     name="agent_run_job",
-    description="Performs one queued agent run claimed by due_work_sensor.",
+    description="Performs one queued agent run claimed by queued_agent_runs_sensor.",
     tags={"marketing/kind": "agent_run"},
+    # The agent waits on the model's API and the database: a step subprocess would only add start-up
+    # time. The in-process executor claims the agent_runs pool slot just as the multiprocess one does.
+    executor_def=dg.in_process_executor,
 )
 def agent_run_job() -> None:
     run_agent()

@@ -57,7 +57,7 @@ def request_agent_run(
 ) -> int:
     """Validate a request, capture the requester's current permissions, insert a QUEUED row.
 
-    Returns the agent run id. The agent never runs here: due_work_sensor claims the row and a
+    Returns the agent run id. The agent never runs here: queued_agent_runs_sensor claims the row and a
     Dagster run performs it, so a request survives restarts and obeys the concurrency pool.
     """
     import os

@@ -224,27 +224,24 @@ def agent_run_job_def() -> dg.JobDefinition:
     return defs.resolve_job_def("agent_run_job")
 
 
-def execute_run_request(
-    run_config: Mapping[str, Any], tags: Mapping[str, str], in_process: bool, env: Mapping[str, str]
-) -> bool:
+def execute_run_request(run_config: Mapping[str, Any], tags: Mapping[str, str], env: Mapping[str, str]) -> bool:
     """Entry point of a run-worker process: executes one RunRequest on the DAGSTER_HOME instance.
 
-    ``in_process`` runs the op in this process (so killing it kills the agent); otherwise the
-    job's default multiprocess executor starts a step subprocess, as a launched run does.
+    The job's in-process executor runs the op in this process, as a launched run does, so killing
+    the process kills the agent.
     """
     os.environ.update(env)
-    config = dict(run_config)
-    if in_process:
-        config["execution"] = {"config": {"in_process": {}}}
     with dg.DagsterInstance.get() as instance:
-        result = dg.execute_job(dg.reconstructable(agent_run_job_def), instance=instance, run_config=config, tags=tags)
+        result = dg.execute_job(
+            dg.reconstructable(agent_run_job_def), instance=instance, run_config=dict(run_config), tags=tags
+        )
         return result.success
 
 
-def start_run_worker(request: dg.RunRequest, env: Mapping[str, str], in_process: bool) -> Any:
+def start_run_worker(request: dg.RunRequest, env: Mapping[str, str]) -> Any:
     process = SPAWN.Process(
         target=execute_run_request,
-        args=(dict(request.run_config), dict(request.tags), in_process, dict(env)),
+        args=(dict(request.run_config), dict(request.tags), dict(env)),
         name=f"run-worker-{request.run_key}",
     )
     process.start()
@@ -361,7 +358,6 @@ def pool_trial(
     env: Mapping[str, str],
     runs: int,
     limit: int,
-    in_process: bool = False,
     timeout_s: float = 90,
 ) -> PoolTrial:
     """Queue ``runs`` agent runs, claim them all in one sensor tick, cap the pool at ``limit``,
@@ -374,7 +370,7 @@ def pool_trial(
     requests = sensor_agent_requests(instance, app_url)
     assert len(requests) == runs, f"the sensor claimed {len(requests)} of {runs} agent runs"
     instance.event_log_storage.set_concurrency_slots("agent_runs", limit)
-    workers = [start_run_worker(r, env, in_process) for r in requests]
+    workers = [start_run_worker(r, env) for r in requests]
     try:
         join_all(workers, timeout_s)
     finally:

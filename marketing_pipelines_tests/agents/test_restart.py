@@ -80,7 +80,7 @@ def test_killed_agent_run_is_recovered_after_its_lease_and_finishes_exactly_once
     [first] = sensor_agent_requests(world.instance, world.url)
     assert first.run_key == f"agent_run:{agent_run_id}:1"
 
-    worker = start_run_worker(first, world.env, in_process=True)
+    worker = start_run_worker(first, world.env)
     try:
         # Mid-run: the tool call is recorded and the worker waits on its second model call.
         wait_until(
@@ -118,7 +118,7 @@ def test_killed_agent_run_is_recovered_after_its_lease_and_finishes_exactly_once
     reclaimed = _row(world.engine, agent_run_id)
     assert (reclaimed["status"], reclaimed["attempts"], reclaimed["error"]) == ("RUNNING", 2, LEASE_EXPIRED_ERROR)
 
-    join_all([start_run_worker(second, world.env, in_process=True)], timeout_s=90)
+    join_all([start_run_worker(second, world.env)], timeout_s=90)
 
     done = _row(world.engine, agent_run_id)
     assert (done["status"], done["attempts"], done["output"]["text"]) == ("SUCCEEDED", 2, "Spring launch is on track.")
@@ -165,7 +165,7 @@ def test_queued_request_survives_a_restart_and_is_claimed_afterwards(world: Worl
     assert run_key == f"agent_run:{agent_run_id}:1"
     world.fake.release.set()
     request = dg.RunRequest(run_key=run_key, run_config=run_config, tags=tags)
-    join_all([start_run_worker(request, world.env, in_process=True)], timeout_s=90)
+    join_all([start_run_worker(request, world.env)], timeout_s=90)
 
     done = _row(world.engine, agent_run_id)
     assert (done["status"], done["attempts"]) == ("SUCCEEDED", 1)
