@@ -20,13 +20,15 @@ hits ``--timeout`` reports what finished and the extrapolated rate.
 
 ``--single N`` also measures the latency of a lone execution due now, N times in sequence, with
 the default settings (a random 0-5 s pause between samples so they do not line up with the
-sensor's interval).
+sensor's interval). ``--agent N`` does the same for an agent run requested while a pool slot is
+free: from ``requested_at`` to the row turning RUNNING (claimed) and to the agent's first
+transcript step (its op running in the slot), offline provider.
 
     python benchmarks/e2e_executions.py
     python benchmarks/e2e_executions.py --executions 60 --shapes batched one --timeout 300
     python benchmarks/e2e_executions.py --action webhook --executions 400 --receiver-delay-ms 200
     python benchmarks/e2e_executions.py --shapes batched --per-run 250 --executions 1000
-    python benchmarks/e2e_executions.py --single 10 --executions 0
+    python benchmarks/e2e_executions.py --single 10 --agent 10 --executions 0
 """
 
 from __future__ import annotations
@@ -162,7 +164,11 @@ def _daemon_env(app_url: str, home: Path, pg: Mapping[str, str], overrides: Mapp
 
 
 def _log_findings(log_path: Path, limit: int = 12) -> list[str]:
-    """Distinct error, warning and traceback lines of the daemon's log, each with how often it occurred."""
+    """Distinct error, warning and traceback lines of the daemon's log, each with how often it occurred.
+
+    Lines after the daemon was told to stop are left out: sensor ticks still in their threads then
+    fail with "Location ... does not exist in workspace" as the workspace is torn down around them.
+    """
     try:
         lines = log_path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
@@ -170,6 +176,8 @@ def _log_findings(log_path: Path, limit: int = 12) -> list[str]:
     found: Counter[str] = Counter()
     for line in lines:
         line = ANSI.sub("", line)
+        if "Received interrupt, shutting down daemon threads" in line:
+            break
         if re.search(r"ERROR|WARNING|Traceback|Exception|CRITICAL", line):
             found[TIMESTAMP.sub("", line).strip()] += 1
     return [f"{n}x {line}" for line, n in found.most_common(limit)]
@@ -387,11 +395,13 @@ def _tick_gap_note(instance: dg.DagsterInstance) -> str:
     return f"{SENSOR} ticked every {statistics.median(gaps):.1f} s (median of {len(gaps)} gaps, max {max(gaps):.1f} s)"
 
 
-def _wait_runs_ended(instance: dg.DagsterInstance, daemon: Daemon, timeout: float) -> Counter[str]:
-    """Wait (bounded) until every run of the job has ended; returns runs per status."""
+def _wait_runs_ended(
+    instance: dg.DagsterInstance, daemon: Daemon, timeout: float, job: str | None = JOB
+) -> Counter[str]:
+    """Wait (bounded) until every run of ``job`` (every run, when None) has ended; returns runs per status."""
     deadline = time.monotonic() + timeout
     while True:
-        runs = instance.get_runs(filters=dg.RunsFilter(job_name=JOB))
+        runs = instance.get_runs(filters=dg.RunsFilter(job_name=job) if job else None)
         if all(r.status in TERMINAL for r in runs) or time.monotonic() > deadline or daemon.process.poll() is not None:
             return Counter(r.status.value for r in runs)
         time.sleep(1)
@@ -549,6 +559,56 @@ def measure_single(session: Session, samples: int, timeout: float) -> tuple[list
     return latencies, notes
 
 
+def measure_agent(session: Session, samples: int, timeout: float) -> tuple[list[float], list[float], list[str]]:
+    """Seconds from ``requested_at`` to RUNNING and to the first transcript step, ``samples`` times."""
+    from marketing_pipelines.agents import users
+    from marketing_pipelines.agents.queue import request_agent_run
+    from marketing_pipelines.db.schema import agent_run, agent_run_step
+
+    with session.engine.begin() as conn:
+        if users.get_user(conn, "bench") is None:
+            users.add_user(conn, "bench")
+            users.grant(conn, "bench", "campaign:read")
+            users.grant(conn, "bench", "measurement:read")
+    claimed: list[float] = []
+    working: list[float] = []
+    notes: list[str] = []
+    for sample in range(samples):
+        if sample:
+            _wait_runs_ended(session.instance, session.daemon, DRAIN_TIMEOUT_S, job=None)
+            time.sleep(random.uniform(0, 5))
+        with session.engine.begin() as conn:
+            run_id = request_agent_run(
+                conn, agent="measurement_analyst", campaign_id=CAMPAIGN, requested_by="bench", provider="offline"
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            session.daemon.check_alive()
+            with session.engine.connect() as conn:
+                row = conn.execute(
+                    sa.select(agent_run.c.status, agent_run.c.requested_at, agent_run.c.started_at).where(
+                        agent_run.c.id == run_id
+                    )
+                ).one()
+                first_step = conn.execute(
+                    sa.select(sa.func.min(agent_run_step.c.created_at)).where(agent_run_step.c.agent_run_id == run_id)
+                ).scalar_one()
+            if first_step is not None and row.status in ("SUCCEEDED", "FAILED"):
+                break
+            if time.monotonic() > deadline:
+                notes.append(f"agent sample {sample + 1}: {row.status} after {timeout:.0f} s")
+                return claimed, working, notes
+            time.sleep(0.1)
+        if row.status != "SUCCEEDED":
+            notes.append(f"agent sample {sample + 1}: {row.status}")
+        claimed.append((row.started_at - row.requested_at).total_seconds())
+        working.append((first_step - row.requested_at).total_seconds())
+    run_statuses = _wait_runs_ended(session.instance, session.daemon, DRAIN_TIMEOUT_S, job="agent_run_job")
+    if set(run_statuses) - {"SUCCESS"}:
+        notes.append(f"Dagster runs of agent_run_job: {dict(run_statuses)}")
+    return claimed, working, notes
+
+
 def _throughput_shape(
     shape: str, overrides: Mapping[str, str], args: argparse.Namespace, log_dir: Path
 ) -> tuple[Result, tuple[float, ...]]:
@@ -594,11 +654,17 @@ def main() -> None:
         default=0,
         help="also measure a lone execution due now this many times in sequence, default settings (0: off)",
     )
+    parser.add_argument(
+        "--agent",
+        type=int,
+        default=0,
+        help="also measure an agent run requested while a slot is free, this many times in sequence (0: off)",
+    )
     parser.add_argument("--poll", type=float, default=0.5, help="seconds between polls of the application database")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the daemon logs here (default: a temp dir)")
     args = parser.parse_args()
-    if args.executions < 0 or args.single < 0:
-        parser.error("--executions and --single must be >= 0")
+    if args.executions < 0 or args.single < 0 or args.agent < 0:
+        parser.error("--executions, --single and --agent must be >= 0")
     if args.per_run is not None and not 1 <= args.per_run <= 1000:
         parser.error("--per-run must be between 1 and 1000")
 
@@ -607,6 +673,7 @@ def main() -> None:
     log_dir.mkdir(parents=True, exist_ok=True)
     results: list[Result] = []
     single: tuple[list[float], list[str]] | None = None
+    agent: tuple[list[float], list[float], list[str]] | None = None
     completed = False
     failures: list[str] = []
     phase_rows: list[tuple[Any, ...]] = []
@@ -630,13 +697,20 @@ def main() -> None:
                 results.append(result)
                 phase_rows.append((shape, *phases))
 
-        if args.single:
+        if args.single or args.agent:
             began = time.monotonic()
-            print(f"[single] starting dagster-daemon (default settings) for {args.single} samples ...", flush=True)
+            print(
+                f"[single] starting dagster-daemon (default settings) for {args.single} execution and "
+                f"{args.agent} agent-run samples ...",
+                flush=True,
+            )
             with daemon_session("single", {}, log_dir) as session:
                 boot_s = session.boot_s
                 measure_began = time.monotonic()
-                single = measure_single(session, args.single, args.timeout)
+                if args.single:
+                    single = measure_single(session, args.single, args.timeout)
+                if args.agent:
+                    agent = measure_agent(session, args.agent, args.timeout)
                 measure_s = time.monotonic() - measure_began
                 teardown_began = time.monotonic()
             phase_rows.append(
@@ -707,6 +781,24 @@ def main() -> None:
         )
         for note in notes:
             print(f"  [single] {note}")
+    if agent is not None:
+        claimed, working, notes = agent
+        print_table(
+            "agent run requested while a pool slot is free, default settings (seconds after requested_at)",
+            ["samples", "RUNNING median", "RUNNING max", "first step median", "first step max"],
+            [
+                (
+                    len(working),
+                    *(
+                        (statistics.median(claimed), max(claimed), statistics.median(working), max(working))
+                        if working
+                        else ("-",) * 4
+                    ),
+                )
+            ],
+        )
+        for note in notes:
+            print(f"  [agent] {note}")
     if phase_rows:
         print_table(
             "wall time of each part (s)",

@@ -124,7 +124,7 @@ class Settings:
     # Chosen from benchmarks/e2e_executions.py (docs/PERFORMANCE.md, section 6).
     sensor_batch_size: int = 1000
     sensor_interval_seconds: int = 3
-    executions_per_run: int = 100
+    executions_per_run: int = 250
     webhook_concurrency: int = 16
     execution_lease_seconds: int = 300
     execution_max_attempts: int = 3
