@@ -103,7 +103,16 @@ def test_unreachable_postgres_is_one_clear_line(monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize(
     ("env", "value", "message"),
     [
-        ("MARKETING_SENSOR_BATCH_SIZE", "0", "MARKETING_SENSOR_BATCH_SIZE='0' is not valid: must be >= 1"),
+        (
+            "MARKETING_SENSOR_BATCH_SIZE",
+            "0",
+            "MARKETING_SENSOR_BATCH_SIZE='0' is not valid: must be between 1 and 10000",
+        ),
+        (
+            "MARKETING_EXECUTIONS_PER_RUN",
+            "5000",
+            "MARKETING_EXECUTIONS_PER_RUN='5000' is not valid: must be between 1 and 1000",
+        ),
         ("MARKETING_DATABASE_URL", "mysql://x/y", "unsupported database 'mysql'"),
         ("MARKETING_DATABASE_URL", "::::", "is not a database URL"),
     ],
@@ -126,3 +135,52 @@ def test_every_command_has_help_with_an_example() -> None:
             continue
         text = run(*path, "--help").output
         assert "Example" in text, f"`{' '.join(path)} --help` has no example"
+
+
+def test_executions_show_prints_each_attempt_with_its_run_and_the_last_error(
+    ready_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagster as dg
+
+    from marketing_pipelines.db.resources import AppDatabase
+    from marketing_pipelines.executions.actions import WebhookClient
+    from marketing_pipelines.executions.jobs import marketing_execution_job
+    from marketing_pipelines.executions.sensors import due_executions_sensor
+
+    url = f"sqlite:///{ready_db}"
+    monkeypatch.setenv("MARKETING_RETRY_BACKOFF_SECONDS", "0")
+    # Nothing listens on port 9 of 127.0.0.1: each attempt fails with "unreachable".
+    payload = '{"url": "http://127.0.0.1:9/hook"}'
+    args = ["executions", "schedule", "--campaign", "spring-launch", "--stage", "launch", "--action", "webhook"]
+    execution_id = int(run(*args, "--due", "now", "--payload", payload, "--max-attempts", "2").output)
+    run_ids = []
+    with dg.instance_for_test() as instance:
+        for _ in range(2):
+            context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=url)})
+            [request] = due_executions_sensor(context).run_requests
+            result = marketing_execution_job.execute_in_process(
+                run_config=request.run_config,
+                tags=request.tags,
+                instance=instance,
+                resources={"app_db": AppDatabase(url=url), "webhook": WebhookClient(timeout_s=2)},
+            )
+            run_ids.append(result.run_id)
+    shown = run("executions", "show", str(execution_id))
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert any(line.split() == ["status:", "FAILED"] for line in lines)
+    assert any(line.strip().startswith("last_error: webhook http://127.0.0.1:9/hook unreachable") for line in lines)
+    assert f"marketing/execution_id.{execution_id}" in shown.output
+    attempt_lines = [line.split() for line in lines if line.split()[:1] in (["1"], ["2"])]
+    assert [(cells[0], cells[1], cells[4]) for cells in attempt_lines] == [
+        ("1", run_ids[0], "RESCHEDULED"),
+        ("2", run_ids[1], "FAILED"),
+    ]
+    as_json = json.loads(run("executions", "show", str(execution_id), "--json").output)
+    assert [a["run_id"] for a in as_json["attempts"]] == run_ids
+
+
+def test_executions_show_of_an_unknown_id_is_one_line(ready_db: Path) -> None:
+    result = run("executions", "show", "999")
+    assert result.exit_code == 1
+    assert result.output.strip() == "Error: execution 999 does not exist; see marketing-pipelines executions list"

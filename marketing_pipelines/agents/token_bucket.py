@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 
 from marketing_pipelines.db.campaigns import InvalidInput
 from marketing_pipelines.db.schema import model_token_bucket as bucket
@@ -90,24 +91,35 @@ def configure_bucket(conn: sa.Connection, provider: str, calls_per_minute: float
             tokens=sa.case((bucket.c.tokens > capacity, capacity), else_=bucket.c.tokens),
         )
     ).rowcount
-    if not updated:
-        # A new bucket starts full.
-        conn.execute(
-            sa.insert(bucket).values(
-                provider=provider,
-                capacity=capacity,
-                refill_per_second=calls_per_minute / 60.0,
-                tokens=capacity,
-                updated_at=now,
-            )
+    if not updated and not _create_bucket(conn, provider, capacity, calls_per_minute / 60.0, now):
+        # Another process created it between our UPDATE and INSERT; resize what it created.
+        configure_bucket(conn, provider, calls_per_minute, burst)
+
+
+def _create_bucket(
+    conn: sa.Connection, provider: str, capacity: float, refill_per_second: float, now: datetime
+) -> bool:
+    """Insert a new, full bucket unless one exists; True when this call created it.
+
+    ``ON CONFLICT DO NOTHING``: run workers starting at once all create a provider's first bucket,
+    and a read-then-insert lets two of them insert (seen: UniqueViolation failing an agent run).
+    """
+    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    stmt = (
+        insert(bucket)
+        .values(
+            provider=provider, capacity=capacity, refill_per_second=refill_per_second, tokens=capacity, updated_at=now
         )
+        .on_conflict_do_nothing(index_elements=[bucket.c.provider])
+    )
+    return conn.execute(stmt).rowcount == 1
 
 
 def ensure_bucket(conn: sa.Connection, provider: str, calls_per_minute: float) -> None:
     """Create the bucket with the default size if it does not exist; never resize an existing one."""
-    exists = conn.execute(sa.select(bucket.c.provider).where(bucket.c.provider == provider)).first()
-    if exists is None:
-        configure_bucket(conn, provider, calls_per_minute)
+    if calls_per_minute <= 0:
+        raise InvalidInput(f"calls per minute for {provider!r} must be > 0, got {calls_per_minute}")
+    _create_bucket(conn, provider, calls_per_minute, calls_per_minute / 60.0, datetime.now(UTC))
 
 
 def try_acquire(conn: sa.Connection, provider: str, n: float = 1.0) -> bool:

@@ -99,3 +99,43 @@ def test_eight_processes_never_exceed_capacity_plus_refill(database: str, reques
     with engine.connect() as conn:
         state = tb.get_bucket(conn, "anthropic")
     assert state is not None and state.tokens >= 0
+
+
+FRESH_PROVIDERS = 20
+
+
+def _first_acquirers(db_url: str, start: Any, out: Any) -> None:
+    engine = get_engine(db_url)
+    with engine.connect():
+        pass
+    errors = []
+    for i in range(FRESH_PROVIDERS):
+        start.wait()  # every process asks for the same provider's first token at once
+        try:
+            tb.acquire(engine, f"fresh-{i}", 600, max_wait_s=5)
+        except sa.exc.IntegrityError as exc:
+            errors.append(type(exc.orig).__name__)
+    out.put(errors)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_processes_creating_a_providers_first_bucket_at_once_all_get_a_token(
+    database: str, request: pytest.FixtureRequest
+) -> None:
+    # Run workers that start together all create their provider's bucket on their first model
+    # call; a read-then-insert let two of them insert, and the loser's agent run failed.
+    db_url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "pg_url")
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Barrier(PROCESSES, timeout=120), ctx.Queue()
+    procs = [ctx.Process(target=_first_acquirers, args=(db_url, start, out)) for _ in range(PROCESSES)]
+    for p in procs:
+        p.start()
+    errors = [e for _ in procs for e in out.get(timeout=300)]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    assert errors == []
+    with get_engine(db_url).connect() as conn:
+        buckets = {b.provider: b for b in tb.list_buckets(conn)}
+    # One bucket per provider, created at the default size; every process got its token (exit 0).
+    assert {p: b.capacity for p, b in buckets.items()} == {f"fresh-{i}": 600 for i in range(FRESH_PROVIDERS)}
