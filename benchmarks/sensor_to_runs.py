@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--database", choices=["postgres", "sqlite"], nargs="+", default=["postgres", "sqlite"])
     parser.add_argument("--executions", type=int, default=2000, help="due executions per measurement")
     parser.add_argument("--batch", type=int, default=1000, help="MARKETING_SENSOR_BATCH_SIZE")
-    parser.add_argument("--per-run", type=int, default=100, help="MARKETING_EXECUTIONS_PER_RUN")
+    parser.add_argument("--per-run", type=int, default=250, help="MARKETING_EXECUTIONS_PER_RUN")
     parser.add_argument("--repeat", type=int, default=2, help="alternating measurements per side")
     args = parser.parse_args()
     os.environ["MARKETING_SENSOR_BATCH_SIZE"] = str(args.batch)

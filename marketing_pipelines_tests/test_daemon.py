@@ -70,9 +70,8 @@ def _statuses(engine: sa.Engine) -> dict[str, tuple[str, str | None]]:
     }
 
 
-def test_daemon_runs_due_executions_and_a_queued_agent_run_unattended(pg_url: str, tmp_path: Path) -> None:
-    engine = get_engine(pg_url)
-    execution_ids, agent_run_id = _seed(engine)
+def _daemon(tmp_path: Path, pg_url: str) -> tuple[Path, dict[str, str], list[str]]:
+    """A DAGSTER_HOME with the repository's dagster.yaml, the daemon's environment and command."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
@@ -82,7 +81,13 @@ def test_daemon_runs_due_executions_and_a_queued_agent_run_unattended(pg_url: st
         MARKETING_SENSOR_INTERVAL_SECONDS="2",
         MARKETING_MODEL_PROVIDER="offline",
     )
-    argv = [dagster_bin("dagster-daemon"), "run", "-w", "workspace.yaml"]
+    return home, env, [dagster_bin("dagster-daemon"), "run", "-w", "workspace.yaml"]
+
+
+def test_daemon_runs_due_executions_and_a_queued_agent_run_unattended(pg_url: str, tmp_path: Path) -> None:
+    engine = get_engine(pg_url)
+    execution_ids, agent_run_id = _seed(engine)
+    home, env, argv = _daemon(tmp_path, pg_url)
 
     def all_succeeded() -> bool:
         statuses = _statuses(engine)
@@ -172,16 +177,7 @@ def test_a_failing_domain_sensor_costs_the_other_domain_nothing(
                 f"CREATE TRIGGER refuse BEFORE UPDATE ON {broken_table} FOR EACH ROW EXECUTE FUNCTION refuse_update()"
             )
         )
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
-    env = child_env(
-        DAGSTER_HOME=str(home),
-        MARKETING_DATABASE_URL=pg_url,
-        MARKETING_SENSOR_INTERVAL_SECONDS="2",
-        MARKETING_MODEL_PROVIDER="offline",
-    )
-    argv = [dagster_bin("dagster-daemon"), "run", "-w", "workspace.yaml"]
+    home, env, argv = _daemon(tmp_path, pg_url)
 
     def working_statuses() -> dict[str, str]:
         with engine.connect() as conn:

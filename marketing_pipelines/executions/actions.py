@@ -103,8 +103,8 @@ class WebhookAction:
         if response.status_code >= 300:
             snippet = response.text[:200].replace("\n", " ")
             raise ActionFailed(f"webhook {url} answered HTTP {response.status_code}: {snippet}")
-        ctx.log.info(f"webhook {url} answered HTTP {response.status_code} (Idempotency-Key {ctx.idempotency_key})")
-        return {"status_code": response.status_code}
+        # Reported in the execution's own log line by the run (one event per execution).
+        return {"status_code": response.status_code, "idempotency_key": ctx.idempotency_key}
 
 
 ACTIONS: dict[str, Action] = {action.name: action for action in (LogAction(), WebhookAction())}
