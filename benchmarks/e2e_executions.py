@@ -78,7 +78,7 @@ JOB = "marketing_execution_job"
 CAMPAIGN = "bench"
 BOOT_TIMEOUT_S = 240.0  # daemon start until its first tick of the sensor
 DRAIN_TIMEOUT_S = 120.0  # after the last row: until the Dagster runs themselves have ended
-IDEMPOTENCY_KEY = re.compile(r"^marketing-execution-(\d+)-attempt-(\d+)$")
+IDEMPOTENCY_KEY = re.compile(r"^marketing-execution-(\d+)$")  # one key per execution; attempt in its own header
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4} - ")
 SERIOUS = re.compile(r"ERROR|Traceback|CRITICAL")
@@ -159,7 +159,15 @@ class Daemon:
 def _daemon_env(app_url: str, home: Path, pg: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MARKETING_", "DAGSTER_"))}
     env.update(pg)
-    env.update({"MARKETING_DATABASE_URL": app_url, "DAGSTER_HOME": str(home), **overrides})
+    # The local webhook receiver is on 127.0.0.1, which webhooks reach only when an operator allows it.
+    env.update(
+        {
+            "MARKETING_DATABASE_URL": app_url,
+            "DAGSTER_HOME": str(home),
+            "MARKETING_WEBHOOK_ALLOW_NETWORKS": "127.0.0.1/32",
+            **overrides,
+        }
+    )
     return env
 
 

@@ -26,6 +26,7 @@ from marketing_pipelines.db.migrate import (
     upgrade,
 )
 from marketing_pipelines.http import ServiceError
+from marketing_pipelines.redact import redact_url, redact_urls
 from marketing_pipelines.settings import Settings, SettingsError
 
 KNOWN_ERRORS: tuple[type[Exception], ...] = (
@@ -280,6 +281,8 @@ def executions_list(status: str | None, campaign_id: str | None, limit: int, as_
 
     with ready_conn() as conn:
         rows = [dict(r) for r in list_executions(conn, status.upper() if status else None, campaign_id, limit)]
+    for row in rows:  # errors are redacted when written; rows from older versions may not be
+        row["last_error"] = redact_urls(row["last_error"]) if row["last_error"] else None
     columns = ["id", "campaign_id", "stage", "action", "due_at", "status", "attempts", "max_attempts", "last_error"]
     emit_rows(rows, columns, as_json)
 
@@ -304,12 +307,24 @@ def executions_show(execution_id: int, as_json: bool) -> None:
             raise InvalidInput(f"execution {execution_id} does not exist; see marketing-pipelines executions list")
         execution = dict(row)
         attempts = [dict(a) for a in list_attempts(conn, execution_id)]
+    payload = execution["payload"]
+    if execution["action"] == "webhook" and isinstance(payload, dict):
+        # The URL and headers are the user's and may carry tokens: shown redacted.
+        execution["payload"] = {
+            **payload,
+            "url": redact_url(str(payload.get("url", ""))),
+            **({"headers": dict.fromkeys(payload["headers"], "***")} if payload.get("headers") else {}),
+        }
+    if execution["last_error"]:
+        execution["last_error"] = redact_urls(execution["last_error"])
+    for attempt in attempts:
+        attempt["error"] = redact_urls(attempt["error"]) if attempt["error"] else None
     if as_json:
         click.echo(json.dumps({"execution": execution, "attempts": attempts}, default=str, indent=2))
         return
     for key in ("id", "campaign_id", "stage", "action", "status", "due_at", "attempts", "max_attempts", "run_id"):
         click.echo(f"{key:>12}: {_cell(execution.get(key))}")
-    click.echo(f"{'last_error':>12}: {execution.get('last_error') or '-'}")
+    click.echo(f"{'last_error':>12}: {redact_urls(execution.get('last_error') or '-')}")
     click.echo(f"{'UI tag':>12}: marketing/execution_id.{execution_id}")
     click.echo("attempts:")
     emit_rows(attempts, ["attempt", "run_id", "started_at", "finished_at", "outcome", "error"], False)

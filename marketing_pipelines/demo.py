@@ -29,6 +29,7 @@ from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.migrate import upgrade
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.actions import WebhookClient
+from marketing_pipelines.executions.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.queue import list_executions, schedule_execution
 from marketing_pipelines.executions.sensors import executions_of_run
 from marketing_pipelines.measurement.demo import run_measurement_demo
@@ -64,6 +65,11 @@ def _demo_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# The demo's own receiver listens on 127.0.0.1, which webhooks may reach only when an operator
+# allows it; the demo allows exactly that address for its own execution.
+DEMO_EGRESS = EgressPolicy(parse_networks("127.0.0.1/32"))
 
 
 def demo_instance() -> dg.DagsterInstance:
@@ -112,6 +118,7 @@ def run_demo(days: int = 7, echo: Echo = print) -> None:
                     due_at=now - timedelta(minutes=1),
                     payload={"url": hook_url, "body": {"text": "Spring launch follow-up"}},
                     dedupe_key=f"demo:{batch}:webhook",
+                    egress=DEMO_EGRESS,
                 )
             )
         echo(f"      scheduled executions {scheduled}")
@@ -124,7 +131,7 @@ def run_demo(days: int = 7, echo: Echo = print) -> None:
             run_measurement_demo(engine, instance, echo, days)
             resources = {
                 "app_db": AppDatabase(url=url),
-                "webhook": WebhookClient(timeout_s=5),
+                "webhook": WebhookClient(timeout_s=5, allow_networks=[str(n) for n in DEMO_EGRESS.allow]),
                 "models": ModelGateway(),
             }
             launched = _drain(instance, [due_executions_sensor, queued_agent_runs_sensor], defs, resources, echo)

@@ -6,6 +6,7 @@ variable, the value and what is expected, never later as a confusing runtime err
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -49,6 +50,18 @@ def _bounded_int(minimum: int, maximum: int) -> Callable[[str], int]:
     return parse
 
 
+def _networks(raw: str) -> tuple[str, ...]:
+    networks = []
+    for item in (i.strip() for i in raw.split(",")):
+        if not item:
+            continue
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ValueError(f"{item!r} is not an IP network (e.g. 127.0.0.1/32 or 10.0.0.0/8)") from None
+    return tuple(networks)
+
+
 def _float(minimum: float) -> Callable[[str], float]:
     def parse(raw: str) -> float:
         value = float(raw)
@@ -79,6 +92,11 @@ ENV_VARS: dict[str, _Var] = {
         "MARKETING_EXECUTIONS_PER_RUN",
         _bounded_int(1, 1000),
         "Executions one marketing_execution_job run performs (1: one run per execution).",
+    ),
+    "webhook_allow_networks": _Var(
+        "MARKETING_WEBHOOK_ALLOW_NETWORKS",
+        lambda raw: _networks(raw),
+        "Comma-separated CIDRs webhooks may reach beyond public addresses (loopback, private). Never link-local.",
     ),
     "webhook_concurrency": _Var(
         "MARKETING_WEBHOOK_CONCURRENCY", _bounded_int(1, 64), "Webhooks one run sends at once."
@@ -126,6 +144,7 @@ class Settings:
     sensor_interval_seconds: int = 3
     executions_per_run: int = 250
     webhook_concurrency: int = 16
+    webhook_allow_networks: tuple[str, ...] = ()
     execution_lease_seconds: int = 300
     execution_max_attempts: int = 3
     retry_backoff_seconds: float = 60.0

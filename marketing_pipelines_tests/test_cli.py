@@ -149,6 +149,7 @@ def test_executions_show_prints_each_attempt_with_its_run_and_the_last_error(
 
     url = f"sqlite:///{ready_db}"
     monkeypatch.setenv("MARKETING_RETRY_BACKOFF_SECONDS", "0")
+    monkeypatch.setenv("MARKETING_WEBHOOK_ALLOW_NETWORKS", "127.0.0.1/32")
     # Nothing listens on port 9 of 127.0.0.1: each attempt fails with "unreachable".
     payload = '{"url": "http://127.0.0.1:9/hook"}'
     args = ["executions", "schedule", "--campaign", "spring-launch", "--stage", "launch", "--action", "webhook"]
@@ -162,7 +163,10 @@ def test_executions_show_prints_each_attempt_with_its_run_and_the_last_error(
                 run_config=request.run_config,
                 tags=request.tags,
                 instance=instance,
-                resources={"app_db": AppDatabase(url=url), "webhook": WebhookClient(timeout_s=2)},
+                resources={
+                    "app_db": AppDatabase(url=url),
+                    "webhook": WebhookClient(timeout_s=2, allow_networks=["127.0.0.1/32"]),
+                },
             )
             run_ids.append(result.run_id)
     shown = run("executions", "show", str(execution_id))

@@ -6,14 +6,26 @@ before anything is accepted) and runs it when the execution is due.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlparse
+from urllib.parse import urlsplit, urlunsplit
 
 import dagster as dg
 import httpx
+
+from marketing_pipelines.executions.egress import EgressPolicy, EgressRefused, parse_networks
+from marketing_pipelines.redact import redact_url, redact_urls
+
+# What a webhook response may cost us: enough of an error body to quote 200 characters.
+MAX_RESPONSE_BYTES = 8 * 1024
+# Headers the action sets itself; a payload may not replace them (Host would also undo the
+# pinning of the checked address).
+RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "idempotency-key", "marketing-attempt"})
+MAX_HEADERS = 20
+ATTEMPT_HEADER = "Marketing-Attempt"
 
 
 class InvalidPayload(ValueError):
@@ -22,6 +34,10 @@ class InvalidPayload(ValueError):
 
 class ActionFailed(RuntimeError):
     """One attempt of an action failed; the execution is retried or FAILED by its attempts."""
+
+
+class ActionRefused(ActionFailed):
+    """The action may not run at all (e.g. its destination is not allowed): FAILED, not retried."""
 
 
 @dataclass(frozen=True)
@@ -34,28 +50,66 @@ class ActionContext:
 
     @property
     def idempotency_key(self) -> str:
-        # The same attempt always sends the same key, so a receiver can drop a repeat delivery
-        # (e.g. our run crashed after the POST but before recording SUCCEEDED).
-        return f"marketing-execution-{self.execution_id}-attempt-{self.attempt}"
+        # One key for the execution's whole life, whatever the attempt: a receiver that sees it
+        # twice knows it is a redelivery of the same effect (e.g. a run killed after the POST and
+        # before recording SUCCEEDED, then a second attempt after lease expiry). The attempt
+        # travels in its own header.
+        return f"marketing-execution-{self.execution_id}"
+
+
+@dataclass(frozen=True)
+class WebhookResponse:
+    status_code: int
+    text: str  # at most MAX_RESPONSE_BYTES of the body, decoded leniently
 
 
 class WebhookClient(dg.ConfigurableResource):
-    """HTTP client of the ``webhook`` action."""
+    """HTTP client of the ``webhook`` action.
+
+    ``timeout_s`` bounds the whole request (connect, send, headers and body), not each read: a
+    receiver dripping one byte a second cannot hold a run. Only ``MAX_RESPONSE_BYTES`` of the
+    response are read. Destinations follow the egress policy (``executions/egress.py``);
+    ``allow_networks`` are the CIDRs an operator allows beyond public addresses.
+    """
 
     timeout_s: float = 10.0
+    allow_networks: list[str] = []
 
-    def _client(self) -> httpx.Client:
-        return httpx.Client(timeout=self.timeout_s, follow_redirects=False)
+    def policy(self) -> EgressPolicy:
+        return EgressPolicy(parse_networks(self.allow_networks))
 
-    def post(self, url: str, body: Any, headers: Mapping[str, str]) -> httpx.Response:
-        with self._client() as client:
-            return client.post(url, json=body, headers=dict(headers))
+    def post(self, url: str, body: Any, headers: Mapping[str, str]) -> WebhookResponse:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+        address = self.policy().resolve(host, port)  # raises EgressRefused / OSError
+        # Connect to the address that was checked; Host and the TLS server name keep the name.
+        ip_host = f"[{address}]" if address.version == 6 else str(address)
+        pinned = urlunsplit((parts.scheme, f"{ip_host}:{port}", parts.path or "/", parts.query, ""))
+        host_header = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+        extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+        request_headers = {**headers, "Host": host_header or ip_host}
+        return asyncio.run(self._post(pinned, body, request_headers, extensions))
+
+    async def _post(
+        self, url: str, body: Any, headers: Mapping[str, str], extensions: dict[str, Any]
+    ) -> WebhookResponse:
+        async with (
+            asyncio.timeout(self.timeout_s),
+            httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as client,
+            client.stream("POST", url, json=body, headers=dict(headers), extensions=extensions) as response,
+        ):
+            received = bytearray()
+            async for chunk in response.aiter_bytes():
+                received += chunk[: MAX_RESPONSE_BYTES - len(received)]
+                if len(received) >= MAX_RESPONSE_BYTES:
+                    break  # closing the stream drops the rest unread
+            return WebhookResponse(response.status_code, received.decode("utf-8", errors="replace"))
 
 
 class Action(Protocol):
     name: str
 
-    def validate(self, payload: Mapping[str, Any]) -> None: ...
+    def validate(self, payload: Mapping[str, Any], egress: EgressPolicy) -> None: ...
 
     def run(self, ctx: ActionContext, payload: Mapping[str, Any], webhook: WebhookClient) -> dict[str, Any]: ...
 
@@ -69,7 +123,7 @@ class LogAction:
 
     name = "log"
 
-    def validate(self, payload: Mapping[str, Any]) -> None:
+    def validate(self, payload: Mapping[str, Any], egress: EgressPolicy) -> None:
         message = payload.get("message")
         if message is not None and not isinstance(message, str):
             raise InvalidPayload("log payload field 'message' must be a string")
@@ -79,32 +133,67 @@ class LogAction:
 
 
 class WebhookAction:
-    """POSTs ``payload["body"]`` as JSON to ``payload["url"]`` with an Idempotency-Key header."""
+    """POSTs ``payload["body"]`` as JSON to ``payload["url"]``, with an Idempotency-Key per execution."""
 
     name = "webhook"
 
-    def validate(self, payload: Mapping[str, Any]) -> None:
+    def validate(self, payload: Mapping[str, Any], egress: EgressPolicy) -> None:
         url = payload.get("url")
-        if not isinstance(url, str) or urlparse(url).scheme not in ("http", "https") or not urlparse(url).netloc:
-            raise InvalidPayload(f"webhook payload needs 'url' as an http(s) URL, got {url!r}")
+        if not isinstance(url, str) or len(url) > 2048:
+            raise InvalidPayload("webhook payload needs 'url' as an http(s) URL of at most 2048 characters")
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - parses the port, raising on a bad one
+        except ValueError:
+            raise InvalidPayload(f"webhook payload 'url' is not a URL: {redact_url(url)}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InvalidPayload(f"webhook payload needs 'url' as an http(s) URL, got {redact_url(url)}")
+        try:
+            egress.check_url(url)
+        except EgressRefused as exc:
+            raise InvalidPayload(str(exc)) from None
         headers = payload.get("headers", {})
-        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
             raise InvalidPayload("webhook payload field 'headers' must be an object of strings")
+        if len(headers) > MAX_HEADERS:
+            raise InvalidPayload(f"webhook payload has {len(headers)} headers; at most {MAX_HEADERS}")
+        reserved = sorted(k for k in headers if k.lower() in RESERVED_HEADERS)
+        if reserved:
+            raise InvalidPayload(f"webhook payload may not set the header(s) {', '.join(reserved)}")
 
     def run(self, ctx: ActionContext, payload: Mapping[str, Any], webhook: WebhookClient) -> dict[str, Any]:
         url = payload["url"]
-        headers = {**payload.get("headers", {}), "Idempotency-Key": ctx.idempotency_key}
+        shown = redact_url(url)
+        headers = {
+            **payload.get("headers", {}),
+            "Idempotency-Key": ctx.idempotency_key,
+            ATTEMPT_HEADER: str(ctx.attempt),
+        }
         try:
             response = webhook.post(url, payload.get("body", {}), headers)
+        except EgressRefused as exc:
+            raise ActionRefused(f"webhook {shown} refused: {exc}") from None
+        except TimeoutError:
+            raise ActionFailed(f"webhook {shown} timed out after {webhook.timeout_s}s") from None
         except httpx.TimeoutException:
-            raise ActionFailed(f"webhook {url} timed out after {webhook.timeout_s}s") from None
-        except httpx.TransportError as exc:
-            raise ActionFailed(f"webhook {url} unreachable: {type(exc).__name__}: {exc}") from None
+            raise ActionFailed(f"webhook {shown} timed out after {webhook.timeout_s}s") from None
+        except (httpx.TransportError, OSError) as exc:
+            reason = redact_urls(f"{type(exc).__name__}: {exc}")
+            raise ActionFailed(f"webhook {shown} unreachable: {reason}") from None
         if response.status_code >= 300:
-            snippet = response.text[:200].replace("\n", " ")
-            raise ActionFailed(f"webhook {url} answered HTTP {response.status_code}: {snippet}")
+            snippet = redact_urls(response.text[:200].replace("\n", " "))
+            raise ActionFailed(f"webhook {shown} answered HTTP {response.status_code}: {snippet}")
         # Reported in the execution's own log line by the run (one event per execution).
         return {"status_code": response.status_code, "idempotency_key": ctx.idempotency_key}
+
+
+def webhook_policy() -> EgressPolicy:
+    """The egress policy the settings give (``MARKETING_WEBHOOK_ALLOW_NETWORKS``), for schedule-time checks."""
+    from marketing_pipelines.settings import Settings
+
+    return EgressPolicy(parse_networks(Settings.from_env().webhook_allow_networks))
 
 
 ACTIONS: dict[str, Action] = {action.name: action for action in (LogAction(), WebhookAction())}

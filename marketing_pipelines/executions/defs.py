@@ -11,8 +11,14 @@ from marketing_pipelines.executions.sensors import (
 )
 from marketing_pipelines.settings import Settings
 
+_settings = Settings.from_env()
+
 defs = dg.Definitions(
     jobs=[marketing_execution_job],
     sensors=[due_executions_sensor, execution_run_failure_sensor, execution_run_canceled_sensor],
-    resources={"webhook": WebhookClient(timeout_s=Settings.from_env().webhook_timeout_seconds)},
+    resources={
+        "webhook": WebhookClient(
+            timeout_s=_settings.webhook_timeout_seconds, allow_networks=list(_settings.webhook_allow_networks)
+        )
+    },
 )

@@ -21,8 +21,15 @@ import sqlalchemy as sa
 
 from marketing_pipelines.db.lease import LeaseKeeper, describe, finish, retry_or_fail, take_over_many
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.executions.actions import ActionContext, ActionFailed, WebhookClient, get_action
+from marketing_pipelines.executions.actions import (
+    ActionContext,
+    ActionFailed,
+    ActionRefused,
+    WebhookClient,
+    get_action,
+)
 from marketing_pipelines.executions.queue import EXECUTIONS, end_attempt, get_execution, start_attempts
+from marketing_pipelines.redact import redact_urls
 from marketing_pipelines.settings import Settings
 
 OP_NAME = "perform_executions"
@@ -59,14 +66,20 @@ class ExecutionOutcome:
 
 
 def _record(
-    engine: sa.Engine, row: Mapping[str, Any], owner: str, error: str | None, settings: Settings
+    engine: sa.Engine, row: Mapping[str, Any], owner: str, error: str | None, settings: Settings, final: bool
 ) -> tuple[str | None, str]:
-    """Record one attempt's outcome in its own transaction; returns (new status or None, state)."""
+    """Record one attempt's outcome in its own transaction; returns (new status or None, state).
+
+    ``final``: the action was refused (e.g. its destination is not allowed): FAILED, no retry.
+    """
     execution_id, attempt = row["id"], row["attempts"]
     with engine.begin() as conn:
         if error is None:
             recorded = finish(conn, EXECUTIONS, execution_id, owner, "SUCCEEDED", {"last_error": None})
             status: str | None = "SUCCEEDED" if recorded else None
+        elif final:
+            recorded = finish(conn, EXECUTIONS, execution_id, owner, "FAILED", {"last_error": error})
+            status = "FAILED" if recorded else None
         else:
             delay = retry_delay_seconds(settings, attempt)
             status = retry_or_fail(conn, EXECUTIONS, execution_id, owner, error, delay)
@@ -93,20 +106,21 @@ def _perform_one(
     began = time.monotonic()
     label = f"Execution {execution_id} ({row['campaign_id']}/{row['stage']}, {row['action']}, attempt {attempt})"
     error: str | None = None
+    refused = False
     result: dict[str, Any] = {}
     try:
         action = get_action(row["action"])
         action_ctx = ActionContext(execution_id, attempt, row["campaign_id"], row["stage"], context.log)
         result = action.run(action_ctx, row["payload"], webhook)
     except ActionFailed as exc:
-        error = str(exc)
+        error, refused = str(exc), isinstance(exc, ActionRefused)
     except Exception as exc:  # a bug in one action must cost only its own execution
-        context.log.error(f"{label}: unexpected error\n{''.join(traceback.format_exception(exc))}")
-        error = f"internal error: {type(exc).__name__}: {exc}"
+        context.log.error(f"{label}: unexpected error\n{redact_urls(''.join(traceback.format_exception(exc)))}")
+        error = redact_urls(f"internal error: {type(exc).__name__}: {exc}")
     if keeper.is_lost(execution_id):
         status, state = None, "lost its lease while the action ran"
     else:
-        status, state = _record(engine, row, owner, error, settings)
+        status, state = _record(engine, row, owner, error, settings, final=refused)
     keeper.release(execution_id)
     seconds = time.monotonic() - began
 
@@ -119,7 +133,7 @@ def _perform_one(
         # Another attempt owns the row now (its lease expired); that attempt records the outcome.
         context.log.warning(
             f"{label}: this run lost its lease ({state}); its outcome was not recorded. The action may have run; "
-            "receivers dedupe on the Idempotency-Key."
+            "the next attempt sends the same Idempotency-Key, so a receiver can drop the repeat."
         )
         return outcome("LEASE_LOST", state)
     if status == "SUCCEEDED":

@@ -12,7 +12,8 @@ import sqlalchemy as sa
 from marketing_pipelines.db.campaigns import InvalidInput, parse_json_object, require_campaign
 from marketing_pipelines.db.lease import LeaseQueue
 from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution, marketing_execution_attempt
-from marketing_pipelines.executions.actions import InvalidPayload, get_action
+from marketing_pipelines.executions.actions import InvalidPayload, get_action, webhook_policy
+from marketing_pipelines.executions.egress import EgressPolicy
 
 EXECUTIONS = LeaseQueue(
     table=marketing_execution,
@@ -53,11 +54,13 @@ def schedule_execution(
     payload: Mapping[str, Any] | None = None,
     max_attempts: int = 3,
     dedupe_key: str | None = None,
+    egress: EgressPolicy | None = None,
 ) -> int:
     """Validate and insert one SCHEDULED execution; returns its id.
 
     With ``dedupe_key``, scheduling the same key again returns the existing id instead of a
-    second row, so a caller that retries its request cannot double-schedule.
+    second row, so a caller that retries its request cannot double-schedule. ``egress`` is the
+    webhook destination policy (default: the settings', MARKETING_WEBHOOK_ALLOW_NETWORKS).
     """
     payload = dict(payload or {})
     require_campaign(conn, campaign_id)
@@ -68,7 +71,7 @@ def schedule_execution(
     if due_at.tzinfo is None:
         raise InvalidInput("due_at must be timezone-aware")
     try:
-        get_action(action).validate(payload)
+        get_action(action).validate(payload, egress or webhook_policy())
     except InvalidPayload as exc:
         raise InvalidInput(str(exc)) from None
     if len(json.dumps(payload)) > MAX_PAYLOAD_BYTES:

@@ -25,6 +25,7 @@ from marketing_pipelines.db.migrate import SchemaNotReady
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job, retry_delay_seconds, run_owner
 from marketing_pipelines.executions.queue import EXECUTIONS, end_attempt, end_open_attempts
+from marketing_pipelines.redact import redact_urls
 from marketing_pipelines.settings import Settings
 
 # One tag per execution, `marketing/execution_id.<id>` = attempt: a run holds many executions and a
@@ -145,6 +146,7 @@ def reconcile_execution_run(engine: sa.Engine, run: dg.DagsterRun, outcome: str,
     another attempt owns by now, are left alone. Returns how many rows got which new status.
     """
     held = executions_of_run(run.tags)
+    reason = redact_urls(reason)  # a run's failure message may quote a webhook URL
     owners = [run_owner(run.run_id), run.tags.get(TAG_CLAIMED_BY, "")]
     settings = Settings.from_env()
     statuses: Counter[str] = Counter()

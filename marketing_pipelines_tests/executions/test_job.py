@@ -35,8 +35,12 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
+LOCAL = ["127.0.0.1/32"]  # the test receiver's address, allowed as an operator would allow it
+
+
 @pytest.fixture
-def hook() -> Iterator[Recorder]:
+def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorder]:
+    monkeypatch.setenv("MARKETING_WEBHOOK_ALLOW_NETWORKS", ",".join(LOCAL))
     with webhook_server() as recorder:
         yield recorder
 
@@ -71,7 +75,10 @@ def _run(
         run_config=request.run_config,
         tags=request.tags,
         instance=instance,
-        resources={"app_db": AppDatabase(url=db_url), "webhook": webhook or WebhookClient(timeout_s=5)},
+        resources={
+            "app_db": AppDatabase(url=db_url),
+            "webhook": webhook or WebhookClient(timeout_s=5, allow_networks=LOCAL),
+        },
         raise_on_error=False,
     )
 
@@ -109,7 +116,8 @@ def test_webhook_succeeds_once_with_idempotency_key(
     result = _run(request, db_url, instance)
     assert result.success
     assert _outcomes(result) == {execution_id: "SUCCEEDED"}
-    assert _keys(hook) == [f"marketing-execution-{execution_id}-attempt-1"]
+    assert _keys(hook) == [f"marketing-execution-{execution_id}"]
+    assert hook.received[0].headers["marketing-attempt"] == "1"
     assert hook.received[0].body == {"text": "we launched", "n": 0}
     row = _row(engine, execution_id)
     assert (row["status"], row["attempts"], row["run_id"]) == ("SUCCEEDED", 1, result.run_id)
@@ -134,9 +142,7 @@ def test_sensor_groups_a_tick_into_runs_of_executions_per_run(
     assert all(r.tags["marketing/campaigns"] == "spring-launch" for r in requests)
     results = [_run(r, db_url, instance) for r in requests]
     assert all(r.success for r in results)
-    assert Counter(r.headers["idempotency-key"] for r in hook.received) == {
-        f"marketing-execution-{i}-attempt-1": 1 for i in ids
-    }
+    assert Counter(r.headers["idempotency-key"] for r in hook.received) == {f"marketing-execution-{i}": 1 for i in ids}
     assert {_row(engine, i)["run_id"] for i in ids} == {r.run_id for r in results}
     # The UI's run filter finds the run of one execution by its tag (key with the id, value the attempt).
     found = instance.get_runs(dg.RunsFilter(tags={f"marketing/execution_id.{ids[5]}": "1"}))
@@ -159,7 +165,7 @@ def test_one_failing_webhook_costs_the_others_nothing(
     # The run did its job: every outcome is recorded, the failure as that execution's own.
     assert result.success
     assert _outcomes(result) == {i: ("RESCHEDULED" if i == failing else "SUCCEEDED") for i in ids}
-    assert Counter(_keys(hook)) == {f"marketing-execution-{i}-attempt-1": 1 for i in ids}
+    assert Counter(_keys(hook)) == {f"marketing-execution-{i}": 1 for i in ids}
     for i in ids:
         row = _row(engine, i)
         if i == failing:
@@ -192,10 +198,9 @@ def test_http_500_reschedules_with_backoff_then_fails_at_max_attempts(
     assert retry.run_key != request.run_key
     assert _outcomes(_run(retry, db_url, instance)) == {execution_id: "FAILED"}
     assert _row(engine, execution_id)["status"] == "FAILED"
-    assert _keys(hook) == [
-        f"marketing-execution-{execution_id}-attempt-1",
-        f"marketing-execution-{execution_id}-attempt-2",
-    ]
+    # One effect, two deliveries: the same key, the attempt in its own header.
+    assert _keys(hook) == [f"marketing-execution-{execution_id}"] * 2
+    assert [r.headers["marketing-attempt"] for r in hook.received] == ["1", "2"]
     with engine.connect() as conn:
         attempts = [(a["attempt"], a["outcome"]) for a in list_attempts(conn, execution_id)]
     assert attempts == [(1, "RESCHEDULED"), (2, "FAILED")]
@@ -308,7 +313,7 @@ def test_run_failure_sensor_reschedules_every_execution_a_dead_run_held(
         run_config=request.run_config,
         tags=request.tags,
         instance=instance,
-        resources={"app_db": BrokenDatabase(url=db_url), "webhook": WebhookClient(timeout_s=5)},
+        resources={"app_db": BrokenDatabase(url=db_url), "webhook": WebhookClient(timeout_s=5, allow_networks=LOCAL)},
         raise_on_error=False,
     )
     assert not result.success

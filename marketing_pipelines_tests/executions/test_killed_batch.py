@@ -1,5 +1,8 @@
 """A batch run killed with SIGKILL mid-batch: what it finished stays finished, the rest recover once.
 
+This is also the redelivery scenario of a webhook: the POST arrived, the worker died before
+recording it, the lease expired and a second worker sent it again, with the same Idempotency-Key.
+
 The run works in its own process (webhooks one at a time, so the kill lands at a known point):
 the third webhook's receiver holds the request while the test kills the process. The first two
 executions were recorded SUCCEEDED; the other three are RUNNING under the dead run until their
@@ -38,13 +41,17 @@ def _worker(db_url: str, run_config: dict[str, Any], tags: dict[str, str]) -> No
         MARKETING_DATABASE_URL=db_url,
         MARKETING_EXECUTION_LEASE_SECONDS=str(LEASE_SECONDS),
         MARKETING_WEBHOOK_CONCURRENCY="1",
+        MARKETING_WEBHOOK_ALLOW_NETWORKS="127.0.0.1/32",
     )
     with dg.DagsterInstance.ephemeral() as instance:
         marketing_execution_job.execute_in_process(
             run_config=run_config,
             tags=tags,
             instance=instance,
-            resources={"app_db": AppDatabase(url=db_url), "webhook": WebhookClient(timeout_s=60)},
+            resources={
+                "app_db": AppDatabase(url=db_url),
+                "webhook": WebhookClient(timeout_s=60, allow_networks=["127.0.0.1/32"]),
+            },
         )
 
 
@@ -60,6 +67,7 @@ def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(
     db_url: str, engine: sa.Engine, monkeypatch: Any
 ) -> None:
     monkeypatch.setenv("MARKETING_EXECUTION_LEASE_SECONDS", str(LEASE_SECONDS))
+    monkeypatch.setenv("MARKETING_WEBHOOK_ALLOW_NETWORKS", "127.0.0.1/32")
     add_campaign(engine)
     arrived, release = threading.Event(), threading.Event()
 
@@ -115,7 +123,10 @@ def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(
                 run_config=retry.run_config,
                 tags=retry.tags,
                 instance=instance,
-                resources={"app_db": AppDatabase(url=db_url), "webhook": WebhookClient(timeout_s=5)},
+                resources={
+                    "app_db": AppDatabase(url=db_url),
+                    "webhook": WebhookClient(timeout_s=5, allow_networks=["127.0.0.1/32"]),
+                },
             )
         assert result.success
 
@@ -123,6 +134,12 @@ def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(
     posts = Counter(r.path for r in hook.received)
     # Finished rows were not sent again; the one in flight at the kill was sent again (at least once).
     assert posts == {"/hook/0": 1, "/hook/1": 1, "/hook/2": 2, "/hook/3": 1, "/hook/4": 1}
+    # ... with the same Idempotency-Key both times, so its receiver can tell a redelivery from a new
+    # request; the attempt is in its own header.
+    redelivered = [
+        (r.headers["idempotency-key"], r.headers["marketing-attempt"]) for r in hook.received if r.path == HELD
+    ]
+    assert redelivered == [(f"marketing-execution-{ids[2]}", "1"), (f"marketing-execution-{ids[2]}", "2")]
     with engine.connect() as conn:
         history = {i: [(a["attempt"], a["outcome"]) for a in list_attempts(conn, i)] for i in ids}
     assert history == {

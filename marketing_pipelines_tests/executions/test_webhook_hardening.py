@@ -1,0 +1,249 @@
+"""A webhook's destination, time and response are bounded, and its secrets are never shown.
+
+Each case was a reproduced defect: any http(s) URL was accepted (cloud metadata, the database's
+port, hex-encoded loopback), a receiver dripping one byte a second held a run past its timeout,
+a 50 MB error body was read to quote 200 characters, and a URL's password and token appeared in
+``last_error``, the run log and ``executions list``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import dagster as dg
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from marketing_pipelines.cli import main
+from marketing_pipelines.db.campaigns import InvalidInput
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.db.schema import marketing_execution
+from marketing_pipelines.executions.actions import ActionContext, ActionFailed, WebhookAction, WebhookClient
+from marketing_pipelines.executions.egress import EgressPolicy, parse_networks
+from marketing_pipelines.executions.jobs import marketing_execution_job
+from marketing_pipelines.executions.queue import get_execution, schedule_execution
+from marketing_pipelines.executions.sensors import due_executions_sensor
+from marketing_pipelines.redact import redact_url, redact_urls
+from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.webserver import webhook_server
+
+NONE = EgressPolicy()
+LOOPBACK = EgressPolicy(parse_networks("127.0.0.1/32"))
+EVERYTHING = EgressPolicy(parse_networks("0.0.0.0/0,::/0"))
+
+
+def _schedule(engine: sa.Engine, url: str, egress: EgressPolicy, **payload: Any) -> int:
+    with engine.begin() as conn:
+        return schedule_execution(
+            conn,
+            campaign_id="spring-launch",
+            stage="launch",
+            action="webhook",
+            due_at=datetime.now(UTC) - timedelta(seconds=1),
+            payload={"url": url, **payload},
+            max_attempts=1,
+            egress=egress,
+        )
+
+
+@pytest.mark.parametrize(
+    ("url", "egress", "refused"),
+    [
+        ("http://169.254.169.254/latest/meta-data/", EVERYTHING, "link-local or cloud metadata"),  # AWS/GCP/Azure
+        ("http://[fe80::1]/", EVERYTHING, "link-local"),
+        ("http://[::ffff:169.254.169.254]/", EVERYTHING, "link-local"),  # IPv4-mapped IPv6
+        ("http://100.100.100.200/latest/", EVERYTHING, "cloud metadata"),  # Alibaba Cloud
+        ("http://metadata.google.internal/computeMetadata/v1/", EVERYTHING, "cloud metadata"),
+        ("http://127.0.0.1:5432/", NONE, "loopback address; an operator can allow it"),  # the database
+        ("http://0x7f000001:8080/", NONE, "loopback"),  # hex form a resolver accepts
+        ("http://2130706433/", NONE, "loopback"),  # decimal form
+        ("http://127.1/", NONE, "loopback"),  # short form
+        ("http://localhost:8080/", NONE, "loopback"),
+        ("http://10.1.2.3/", NONE, "private or internal"),
+        ("http://[::1]/", NONE, "loopback"),
+        ("http://0.0.0.0/", EVERYTHING, "unspecified"),
+        ("https://user:pw@127.0.0.1/?token=x", NONE, "loopback"),
+    ],
+)
+def test_disallowed_destinations_are_refused_when_scheduled(
+    engine: sa.Engine, url: str, egress: EgressPolicy, refused: str
+) -> None:
+    add_campaign(engine)
+    with pytest.raises(InvalidInput, match=refused) as caught:
+        _schedule(engine, url, egress)
+    assert "pw" not in str(caught.value) and "token" not in str(caught.value)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(marketing_execution)).scalar_one() == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "egress"),
+    [
+        ("https://hooks.example.com/launch", NONE),  # a name: checked when sent, on its addresses
+        ("http://93.184.215.14/hook", NONE),  # a public address
+        ("http://127.0.0.1:8080/hook", LOOPBACK),  # allowed by the operator
+    ],
+)
+def test_allowed_destinations_are_accepted(engine: sa.Engine, url: str, egress: EgressPolicy) -> None:
+    add_campaign(engine)
+    assert _schedule(engine, url, egress) > 0
+
+
+@pytest.mark.parametrize("header", ["Host", "idempotency-key", "Marketing-Attempt"])
+def test_a_payload_cannot_set_the_actions_own_headers(engine: sa.Engine, header: str) -> None:
+    add_campaign(engine)
+    with pytest.raises(InvalidInput, match=f"may not set the header.*{header}"):
+        _schedule(engine, "https://hooks.example.com/x", NONE, headers={header: "x"})
+
+
+def _tick_and_run(db_url: str, instance: dg.DagsterInstance, webhook: WebhookClient) -> dg.ExecuteInProcessResult:
+    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
+    [request] = due_executions_sensor(context).run_requests
+    return marketing_execution_job.execute_in_process(
+        run_config=request.run_config,
+        tags=request.tags,
+        instance=instance,
+        resources={"app_db": AppDatabase(url=db_url), "webhook": webhook},
+    )
+
+
+def test_the_resolved_address_is_checked_again_when_sent(db_url: str, engine: sa.Engine) -> None:
+    # Scheduled while loopback was allowed; by send time the sender allows nothing private. The
+    # address the name resolves to now is what counts, and a refusal is final: FAILED, no retry.
+    add_campaign(engine)
+    with webhook_server() as hook, dg.instance_for_test() as instance:
+        execution_id = _schedule(engine, f"http://127.0.0.1:{hook.port}/hook", LOOPBACK)
+        with engine.begin() as conn:
+            conn.execute(sa.update(marketing_execution).values(max_attempts=3))
+        result = _tick_and_run(db_url, instance, WebhookClient(timeout_s=5))
+        assert result.success
+        assert hook.received == []
+    with engine.connect() as conn:
+        row = get_execution(conn, execution_id)
+    assert row is not None and (row["status"], row["attempts"]) == ("FAILED", 1)
+    assert "refused" in row["last_error"] and "loopback" in row["last_error"]
+
+
+@dataclass
+class SlowServer:
+    port: int
+    sent: int = 0  # body bytes the server managed to send before the client went away
+    finished: bool = False
+
+
+@contextmanager
+def raw_server(status: int, length: int, chunk: int, pause_s: float) -> Iterator[SlowServer]:
+    """Answers one request with ``length`` body bytes, ``chunk`` at a time with ``pause_s`` between."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    server = SlowServer(listener.getsockname()[1])
+    stop = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(65536)
+            head = f"HTTP/1.1 {status} X\r\nContent-Length: {length}\r\nContent-Type: text/plain\r\n\r\n"
+            conn.sendall(head.encode())
+            try:
+                while server.sent < length and not stop.is_set():
+                    conn.sendall(b"x" * min(chunk, length - server.sent))
+                    server.sent += min(chunk, length - server.sent)
+                    stop.wait(pause_s)
+                server.finished = server.sent == length
+            except OSError:
+                pass  # the client closed: it stopped reading
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        listener.close()
+
+
+def _send(port: int, timeout_s: float) -> None:
+    ctx = ActionContext(7, 1, "spring-launch", "launch", logging.getLogger("test"))
+    client = WebhookClient(timeout_s=timeout_s, allow_networks=["127.0.0.1/32"])
+    WebhookAction().run(ctx, {"url": f"http://127.0.0.1:{port}/hook"}, client)
+
+
+def test_the_timeout_bounds_the_whole_request_not_each_read() -> None:
+    # 100 bytes, one every 0.1 s: each read is quick, the whole answer takes 10 s.
+    with (
+        raw_server(200, length=100, chunk=1, pause_s=0.1) as server,
+        pytest.raises(ActionFailed, match=r"timed out after 1.0s"),
+    ):
+        _send(server.port, timeout_s=1.0)
+    assert not server.finished and server.sent < 100
+
+
+def test_a_huge_error_body_is_not_read() -> None:
+    with (
+        raw_server(500, length=50 * 1024 * 1024, chunk=256 * 1024, pause_s=0.0) as server,
+        pytest.raises(ActionFailed, match=r"answered HTTP 500: x{200}$"),
+    ):
+        _send(server.port, timeout_s=10.0)
+    # The client stopped after its few kilobytes; the kernel's buffers took a few megabytes more.
+    assert not server.finished and server.sent < 50 * 1024 * 1024
+
+
+SECRETS = ("s3cretpw", "SECRETTOKEN", "HEADERSECRET")
+
+
+def test_url_credentials_and_query_are_redacted_wherever_shown(
+    db_url: str, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MARKETING_DATABASE_URL", db_url)
+    add_campaign(engine)
+    # .invalid never resolves (RFC 2606): the attempt fails with the URL in its error.
+    url = "https://user:s3cretpw@hooks.invalid/x?token=SECRETTOKEN"
+    execution_id = _schedule(engine, url, NONE, headers={"Authorization": "Bearer HEADERSECRET"})
+    with dg.instance_for_test() as instance:
+        result = _tick_and_run(db_url, instance, WebhookClient(timeout_s=5))
+        logs = "\n".join(e.message or "" for e in instance.all_logs(result.run_id))
+        outputs = json.dumps([str(e.event_specific_data) for e in result.all_events], default=str)
+    with engine.connect() as conn:
+        row = get_execution(conn, execution_id)
+    assert row is not None and row["status"] == "FAILED"
+    assert "https://***@hooks.invalid/x?***" in row["last_error"]
+    runner = CliRunner()
+    listed = runner.invoke(main, ["executions", "list"], catch_exceptions=False).output
+    shown = runner.invoke(main, ["executions", "show", str(execution_id), "--json"], catch_exceptions=False).output
+    assert "hooks.invalid" in logs and "hooks.invalid" in shown
+    for place, text in {
+        "last_error": row["last_error"],
+        "run log": logs,
+        "run events": outputs,
+        "list": listed,
+    }.items():
+        assert not [s for s in SECRETS if s in text], f"a secret in the {place}"
+    assert not [s for s in SECRETS if s in shown]
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("https://user:pw@host/x?token=1#f", "https://***@host/x?***#***"),
+        ("http://host:8080/path", "http://host:8080/path"),
+        ("http://[::1]:9/p?q=1", "http://[::1]:9/p?***"),
+        ("https://token@host/", "https://***@host/"),
+    ],
+)
+def test_redact_url(raw: str, shown: str) -> None:
+    assert redact_url(raw) == shown
+    assert redact_urls(f"webhook {raw} failed") == f"webhook {shown} failed"
