@@ -24,7 +24,7 @@ from marketing_pipelines.agents import users
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import list_agent_runs, request_agent_run
 from marketing_pipelines.agents.sensors import TAG_AGENT_RUN_ID
-from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
+from marketing_pipelines.db.campaigns import Campaign, InvalidInput, upsert_campaign
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.migrate import upgrade
 from marketing_pipelines.db.resources import AppDatabase
@@ -122,8 +122,10 @@ def run_demo(days: int = 7, echo: Echo = print) -> None:
                 )
             )
         echo(f"      scheduled executions {scheduled}")
-        requested = _seed_agent_runs(engine, settings)
+        requested, refused = _seed_agent_runs(engine, settings)
         echo(f"      queued agent runs {requested} (ana may schedule executions; ben may only read spring-launch)")
+        for reason in refused:
+            echo(f"      refused at request time: {reason}")
 
         echo("[3/4] Measurement, then the claiming sensors' ticks and the runs they launch (.marketing/dagster_home)")
         with demo_instance() as instance:
@@ -156,7 +158,7 @@ def run_demo(days: int = 7, echo: Echo = print) -> None:
     echo("      See one transcript with: marketing-pipelines agents show " + str(min(requested)))
 
 
-def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> list[int]:
+def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], list[str]]:
     """Two users with different permissions, and agent runs that exercise both."""
     grants = {
         "ana": [(p, None) for p in ("campaign:read", "measurement:read", "execution:read", "execution:write")],
@@ -173,22 +175,29 @@ def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> list[int]:
         requests = [
             ("measurement_analyst", "spring-launch", "ana", {"propose": proposal}),
             ("campaign_brief", "spring-launch", "ben", {"stage": "launch", "tone": "playful"}),
-            # ben may not write, and may not read dev-tools-beta: both show up as refusals.
+            # ben may not write: the run's proposal shows up as a refusal in its transcript.
             ("measurement_analyst", "spring-launch", "ben", {"propose": proposal}),
+            # ben holds nothing on dev-tools-beta: refused when requested, nothing queued.
             ("campaign_brief", "dev-tools-beta", "ben", {"stage": "awareness"}),
         ]
-        return [
-            request_agent_run(
-                conn,
-                agent=agent,
-                campaign_id=campaign_id,
-                requested_by=user_id,
-                input=given,
-                provider="offline",
-                max_run_seconds=settings.agent_max_run_seconds,
-            )
-            for agent, campaign_id, user_id, given in requests
-        ]
+        ids, refused = [], []
+        for agent, campaign_id, user_id, given in requests:
+            try:
+                with conn.begin_nested():
+                    ids.append(
+                        request_agent_run(
+                            conn,
+                            agent=agent,
+                            campaign_id=campaign_id,
+                            requested_by=user_id,
+                            input=given,
+                            provider="offline",
+                            max_run_seconds=settings.agent_max_run_seconds,
+                        )
+                    )
+            except InvalidInput as exc:
+                refused.append(str(exc))
+        return ids, refused
 
 
 def _drain(

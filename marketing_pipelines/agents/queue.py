@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -10,9 +11,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from marketing_pipelines.agents.catalog import get_agent
+from marketing_pipelines.agents.catalog import TOOLS, get_agent
 from marketing_pipelines.agents.providers import PROVIDER_NAMES
-from marketing_pipelines.agents.users import current_grants, require_user
+from marketing_pipelines.agents.users import current_grants, holds, require_user
 from marketing_pipelines.db.campaigns import InvalidInput, parse_json_object, require_campaign
 from marketing_pipelines.db.lease import LeaseQueue, cancel
 from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
@@ -78,6 +79,14 @@ def request_agent_run(
     if not user.active:
         raise InvalidInput(f"user {requested_by!r} is not active and cannot request agent runs")
     grants = sorted(current_grants(conn, requested_by))
+    needed = sorted({TOOLS[name].permission for name in definition.tools})
+    if not any(holds(grants, permission, campaign_id) for permission in needed):
+        # Refused now, not after a run in which every tool call would be denied.
+        raise InvalidInput(
+            f"user {requested_by!r} holds no permission on campaign {campaign_id!r} that agent {agent!r} uses "
+            f"({', '.join(needed)}); grant one with: marketing-pipelines users grant {requested_by} "
+            f"{needed[0]} --campaign {campaign_id}"
+        )
     now = datetime.now(UTC)
     return conn.execute(
         sa.insert(agent_run)
@@ -154,6 +163,17 @@ def transcript(conn: sa.Connection, run_id: int) -> list[sa.RowMapping]:
     )
 
 
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by its name (``"NaN"``, ``"Infinity"``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 class Transcript:
     """Appends one attempt's steps, each in its own short transaction.
 
@@ -174,6 +194,9 @@ class Transcript:
         self.tool_calls = 0
 
     def add(self, kind: str, name: str | None, content: Any) -> None:
+        # Model output may hold NaN or Infinity, which is not JSON: stored as text, never refused
+        # by PostgreSQL mid-run nor written as invalid JSON by SQLite.
+        content = json_safe(content)
         self._seq += 1
         self.denials += kind == "denial"
         self.tool_calls += kind == "tool_call"

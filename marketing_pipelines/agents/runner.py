@@ -6,17 +6,20 @@ the pooled op. Every model call first takes a token from the provider's database
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import jsonschema
 import sqlalchemy as sa
 
 from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, ToolCallContext
 from marketing_pipelines.agents.providers import ModelProvider, ToolCall
-from marketing_pipelines.agents.queue import Transcript
+from marketing_pipelines.agents.queue import Transcript, json_safe
 from marketing_pipelines.agents.users import Grant, authorize
 from marketing_pipelines.db.campaigns import InvalidInput
 
@@ -60,8 +63,8 @@ def run_agent_loop(
     acquire_model_token: Callable[[], None],
     log: Callable[[str], None] = lambda _: None,
 ) -> AgentResult:
-    tools = [TOOLS[name] for name in definition.tools]
-    specs = [tool.spec for tool in tools]
+    own_tools = frozenset(definition.tools)
+    specs = [TOOLS[name].spec for name in definition.tools]
     captured = frozenset(Grant.from_json(g) for g in run["permissions"])
     task = definition.task(run["campaign_id"], dict(run["input"]))
     messages: list[dict[str, Any]] = [{"role": "user", "content": json.dumps(task)}]
@@ -80,15 +83,16 @@ def run_agent_loop(
                 "usage": turn.usage,
             },
         )
+        # What goes back to the provider must be JSON (a NaN the model sent is echoed as text).
         messages.append(
-            {"role": "assistant", "content": turn.text, "tool_calls": [c.__dict__ for c in turn.tool_calls]}
+            {"role": "assistant", "content": turn.text, "tool_calls": json_safe([c.__dict__ for c in turn.tool_calls])}
         )
         if not turn.tool_calls:
             log(f"Agent {definition.name} finished after {step} model turn(s).")
             return AgentResult(turn.text, step, transcript.tool_calls, transcript.denials)
         for call in turn.tool_calls:
             _check_limits(limits)
-            content, is_error = _call_tool(engine, call, run, captured, transcript, log)
+            content, is_error = _call_tool(engine, call, run, captured, own_tools, transcript, log)
             messages.append(
                 {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content, "is_error": is_error}
             )
@@ -107,17 +111,26 @@ def _call_tool(
     call: ToolCall,
     run: sa.RowMapping,
     captured: frozenset[Grant],
+    own_tools: frozenset[str],
     transcript: Transcript,
     log: Callable[[str], None],
 ) -> tuple[str, bool]:
-    """Run one tool call as the requester. Returns (content for the model, is_error)."""
-    tool = TOOLS.get(call.name)
+    """Run one tool call as the requester. Returns (content for the model, is_error).
+
+    The model's output is untrusted (a prompt-injected model asks for whatever it was told to):
+    only the agent's own tools may run, with arguments that fit the tool's JSON schema, and
+    then only what the requester may do. Every refusal is recorded and answered to the model.
+    """
     transcript.add("tool_call", call.name, {"id": call.id, "arguments": call.arguments})
-    if tool is None:
-        return _refuse(transcript, call, f"unknown tool {call.name!r}", log)
-    missing = [p for p in tool.spec.input_schema.get("required", []) if p not in call.arguments]
-    if missing:
-        return _error(transcript, call, f"missing argument(s): {', '.join(missing)}")
+    if call.name not in own_tools:
+        # Looked up in the agent's own list, never in the registry of every tool a user may use.
+        return _refuse(
+            transcript, call, f"{call.name!r} is not one of this agent's tools ({', '.join(sorted(own_tools))})", log
+        )
+    tool = TOOLS[call.name]
+    problem = _argument_problem(call.name, call.arguments)
+    if problem:
+        return _refuse(transcript, call, f"invalid arguments: {problem}", log)
     campaign_id = str(call.arguments.get(tool.campaign_arg, run["campaign_id"]))
     # Decide and act in one transaction, and write the transcript only after it ends: on
     # SQLite a second transaction opened inside the first would wait on its own lock.
@@ -136,6 +149,35 @@ def _call_tool(
     content = json.dumps(result, default=str)[:MAX_TOOL_RESULT_CHARS]
     transcript.add("tool_result", call.name, {"id": call.id, "result": result})
     return content, False
+
+
+@functools.cache
+def _validator(tool_name: str) -> jsonschema.protocols.Validator:
+    schema = TOOLS[tool_name].spec.input_schema
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def _argument_problem(tool_name: str, arguments: Any) -> str | None:
+    """Why ``arguments`` do not fit the tool, in one line, or None when they do."""
+    if not _all_finite(arguments):
+        return "a number is NaN or infinite"
+    error = jsonschema.exceptions.best_match(_validator(tool_name).iter_errors(arguments))
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path) or "arguments"
+    return f"{where}: {error.message}"[:300]
+
+
+def _all_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_all_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_all_finite(v) for v in value)
+    return True
 
 
 def _refuse(transcript: Transcript, call: ToolCall, reason: str, log: Callable[[str], None]) -> tuple[str, bool]:
