@@ -7,6 +7,7 @@ one line on stderr naming the problem and the fix, with a non-zero exit; never a
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,6 +17,7 @@ import click
 import dagster as dg
 import sqlalchemy as sa
 
+from marketing_pipelines.agents.token_bucket import MAX_BURST, MAX_CALLS_PER_MINUTE
 from marketing_pipelines.db.campaigns import Campaign, InvalidInput, add_campaign, list_campaigns
 from marketing_pipelines.db.engine import DatabaseUnavailable, get_engine
 from marketing_pipelines.db.migrate import (
@@ -87,6 +89,30 @@ def _cell(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+# Row ids are 64-bit integers on both databases; a larger number is refused by Click, not by a driver.
+ROW_ID = click.IntRange(1, 2**63 - 1)
+
+
+class FiniteFloat(click.ParamType):
+    """A float within (minimum, maximum]: ``nan``, ``inf`` and ``1e308`` are refused with one line."""
+
+    name = "number"
+
+    def __init__(self, minimum: float, maximum: float) -> None:
+        self.minimum, self.maximum = minimum, maximum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or not self.minimum < number <= self.maximum:
+            self.fail(
+                f"{value!r} must be a finite number above {self.minimum:g} and at most {self.maximum:g}", param, ctx
+            )
+        return number
+
+
 json_option: Callable[[Callable[..., Any]], Callable[..., Any]] = click.option(
     "--json", "as_json", is_flag=True, help="Print JSON instead of a table."
 )
@@ -123,19 +149,17 @@ def db_upgrade() -> None:
     Example:
       MARKETING_DATABASE_URL=postgresql://app@db:5432/marketing marketing-pipelines db upgrade
     """
+    from marketing_pipelines.db.engine import check_connection, sqlite_path
+
     eng = engine()
-    before = current_revision(eng) if _has_connection(eng) else None
+    path = sqlite_path(eng)
+    if path is None:
+        check_connection(eng)
+    before = current_revision(eng) if path is None or path.exists() else None
     upgrade(eng)
     after = current_revision(eng)
     where = eng.url.render_as_string(hide_password=True)
     click.echo(f"{where}: schema at {after}" + ("" if before == after else f" (was {before or 'empty'})"))
-
-
-def _has_connection(eng: sa.Engine) -> bool:
-    from marketing_pipelines.db.engine import check_connection
-
-    check_connection(eng)
-    return True
 
 
 @db.command("current")
@@ -146,8 +170,10 @@ def db_current() -> None:
     Example:
       marketing-pipelines db current
     """
+    from marketing_pipelines.db.engine import check_connection
+
     eng = engine()
-    _has_connection(eng)
+    check_connection(eng)
     click.echo(f"database: {current_revision(eng) or 'empty'}; code needs: {head_revision()}")
 
 
@@ -225,7 +251,7 @@ def executions() -> None:
 @click.option("--action", required=True, help="Action to run: log or webhook.")
 @click.option("--due", required=True, help="ISO-8601 time with offset, or 'now'.")
 @click.option("--payload", default=None, help="JSON object for the action.")
-@click.option("--max-attempts", type=click.IntRange(min=1), default=None, help="Attempts before FAILED.")
+@click.option("--max-attempts", type=click.IntRange(1, 100), default=None, help="Attempts before FAILED (1-100).")
 @click.option("--dedupe-key", default=None, help="Scheduling the same key twice returns the first execution.")
 def executions_schedule(
     campaign_id: str,
@@ -268,7 +294,7 @@ def executions_schedule(
     default=None,
 )
 @click.option("--campaign", "campaign_id", default=None)
-@click.option("--limit", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 10_000), default=200, show_default=True)
 @json_option
 def executions_list(status: str | None, campaign_id: str | None, limit: int, as_json: bool) -> None:
     """List executions in due order.
@@ -287,8 +313,27 @@ def executions_list(status: str | None, campaign_id: str | None, limit: int, as_
     emit_rows(rows, columns, as_json)
 
 
+@executions.command("cancel")
+@click.argument("execution_id", type=ROW_ID)
+def executions_cancel(execution_id: int) -> None:
+    """Cancel a SCHEDULED or RUNNING execution.
+
+    A running execution's batch run goes on with its other executions and records nothing for
+    this one; a webhook already in flight may still arrive once.
+
+    \b
+    Example:
+      marketing-pipelines executions cancel 42
+    """
+    from marketing_pipelines.executions.queue import cancel_execution
+
+    with ready_conn() as conn:
+        previous = cancel_execution(conn, execution_id, "cancelled by marketing-pipelines executions cancel")
+    click.echo(f"execution {execution_id} cancelled (was {previous})")
+
+
 @executions.command("show")
-@click.argument("execution_id", type=int)
+@click.argument("execution_id", type=ROW_ID)
 @json_option
 def executions_show(execution_id: int, as_json: bool) -> None:
     """Show an execution: status, last error, and each attempt with the Dagster run that performed it.
@@ -546,7 +591,9 @@ def agents() -> None:
 @click.option("--as", "user_id", required=True, help="The requesting user; the run acts with their permissions.")
 @click.option("--input", "input_json", default=None, help="JSON object of the agent's inputs.")
 @click.option("--provider", default=None, help="offline, anthropic or openai (default MARKETING_MODEL_PROVIDER).")
-@click.option("--max-run-seconds", type=int, default=None, help="Time limit of the run.")
+@click.option(
+    "--max-run-seconds", type=click.IntRange(1, 86_400), default=None, help="Time limit of the run (1-86400)."
+)
 def agents_request(
     agent: str,
     campaign_id: str,
@@ -599,7 +646,7 @@ def agents_list(status: str | None, user_id: str | None, as_json: bool) -> None:
 
 
 @agents.command("show")
-@click.argument("agent_run_id", type=int)
+@click.argument("agent_run_id", type=ROW_ID)
 @json_option
 def agents_show(agent_run_id: int, as_json: bool) -> None:
     """Show an agent run: status, output and its transcript (model turns, tool calls, denials).
@@ -626,7 +673,7 @@ def agents_show(agent_run_id: int, as_json: bool) -> None:
 
 
 @agents.command("cancel")
-@click.argument("agent_run_id", type=int)
+@click.argument("agent_run_id", type=ROW_ID)
 def agents_cancel(agent_run_id: int) -> None:
     """Cancel a QUEUED or RUNNING agent run (its Dagster run is terminated when DAGSTER_HOME is set).
 
@@ -685,8 +732,12 @@ def limits_show(as_json: bool) -> None:
 
 @limits.command("set")
 @click.argument("provider")
-@click.option("--calls-per-minute", type=float, required=True, help="Sustained rate; must be > 0.")
-@click.option("--burst", type=float, default=None, help="Bucket capacity (default: one minute of calls).")
+@click.option(
+    "--calls-per-minute", type=FiniteFloat(0, MAX_CALLS_PER_MINUTE), required=True, help="Sustained rate; > 0."
+)
+@click.option(
+    "--burst", type=FiniteFloat(0, MAX_BURST), default=None, help="Bucket capacity (default: one minute of calls)."
+)
 def limits_set(provider: str, calls_per_minute: float, burst: float | None) -> None:
     """Set a provider's rate; every process and machine sees it at its next model call.
 

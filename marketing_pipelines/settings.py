@@ -121,7 +121,7 @@ ENV_VARS: dict[str, _Var] = {
         "MARKETING_MAX_CONCURRENT_AGENT_RUNS", _int(1), "Limit of the agent_runs Dagster concurrency pool."
     ),
     "max_model_calls_per_minute": _Var(
-        "MARKETING_MAX_MODEL_CALLS_PER_MINUTE", _int(1), "Token-bucket rate per model provider."
+        "MARKETING_MAX_MODEL_CALLS_PER_MINUTE", _bounded_int(1, 100_000), "Token-bucket rate per model provider."
     ),
     "agent_lease_grace_seconds": _Var(
         "MARKETING_AGENT_LEASE_GRACE_SECONDS",

@@ -30,6 +30,9 @@ def ready_db(fresh_db: Path) -> Path:
 
 
 def test_commands_refuse_a_database_without_schema(fresh_db: Path) -> None:
+    import sqlite3
+
+    sqlite3.connect(fresh_db).close()  # the file exists, its schema does not
     result = run("executions", "list")
     assert result.exit_code == 1
     assert "has no schema yet: run `marketing-pipelines db upgrade`" in result.output
@@ -72,15 +75,65 @@ def test_dedupe_key_returns_the_first_execution(ready_db: Path) -> None:
         (["--payload", "[1, 2]"], "payload must be a JSON object"),
         (["--action", "fax"], "unknown action 'fax'; known actions: log, webhook"),
         (["--action", "webhook"], "webhook payload needs 'url'"),
+        # Each of these was a traceback (or, on SQLite, an accepted non-JSON payload).
+        (["--due", "9999-12-31T23:59:59-05:00"], "is out of range in UTC"),
+        (["--due", "0001-01-01T00:00:00+05:00"], "is out of range in UTC"),
+        (["--max-attempts", "99999999999999999999"], "Invalid value for '--max-attempts'"),
+        (["--max-attempts", "2147483648"], "is not in the range 1<=x<=100"),
+        (["--payload", '{"x": NaN}'], "payload is not valid JSON: NaN is not a JSON number"),
+        (["--payload", '{"x": -Infinity}'], "payload is not valid JSON: -Infinity is not a JSON number"),
+        (["--action", "webhook", "--payload", '{"url": "http://169.254.169.254/"}'], "cloud metadata"),
     ],
 )
 def test_bad_schedule_input_is_named_and_nothing_is_written(ready_db: Path, override: list[str], message: str) -> None:
     options = {"--campaign": "spring-launch", "--stage": "launch", "--action": "log", "--due": "now"}
     options.update(dict(zip(override[::2], override[1::2], strict=True)))
     result = run("executions", "schedule", *[x for kv in options.items() for x in kv])
-    assert result.exit_code == 1
-    assert message in result.output
+    assert result.exit_code in (1, 2)  # 2: Click refused the option itself
+    assert message in result.output and "Traceback" not in result.output
     assert json.loads(run("executions", "list", "--json").output) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["executions", "list", "--limit", "99999999999999999999999"], "is not in the range 1<=x<=10000"),
+        (["agents", "show", "99999999999999999999"], "is not in the range 1<=x<=9223372036854775807"),
+        (["executions", "show", "0"], "is not in the range"),
+        (["limits", "set", "openai", "--calls-per-minute", "nan"], "'nan' must be a finite number above 0"),
+        (["limits", "set", "openai", "--calls-per-minute", "inf"], "'inf' must be a finite number above 0"),
+        (["limits", "set", "openai", "--calls-per-minute", "1e308"], "'1e308' must be a finite number above 0"),
+        (["limits", "set", "openai", "--calls-per-minute", "60", "--burst", "nan"], "'nan' must be a finite"),
+        (
+            ["agents", "request", "--agent", "campaign_brief", "--campaign", "spring-launch", "--as", "ana",
+             "--max-run-seconds", "99999999999999999999"],
+            "Invalid value for '--max-run-seconds'",
+        ),
+        (
+            ["agents", "request", "--agent", "campaign_brief", "--campaign", "spring-launch", "--as", "ana",
+             "--input", '{"stage": NaN}'],
+            "--input is not valid JSON: NaN is not a JSON number",
+        ),
+    ],
+)  # fmt: skip
+def test_out_of_range_numbers_are_one_line_and_change_nothing(ready_db: Path, args: list[str], message: str) -> None:
+    result = run(*args)
+    assert result.exit_code in (1, 2) and message in result.output and "Traceback" not in result.output
+    limits = json.loads(run("limits", "show", "--json").output.split("\nagent_runs pool")[0])
+    assert {row["provider"]: row["calls_per_minute"] for row in limits}["openai"] == 60
+
+
+def test_read_only_commands_never_create_a_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "nonexistent" / "dir" / "x.db"
+    monkeypatch.setenv("MARKETING_DATABASE_URL", f"sqlite:///{missing}")
+    for args in (["executions", "list"], ["db", "current"], ["agents", "list"], ["limits", "show"]):
+        result = run(*args)
+        assert result.exit_code == 1
+        assert result.output.strip() == (
+            f"Error: no SQLite database at {missing}: run `marketing-pipelines db upgrade` to create it"
+        )
+    assert not missing.parent.exists()
+    assert run("db", "upgrade").exit_code == 0 and missing.exists()  # the one command that creates it
 
 
 def test_bad_campaign_and_duplicate(ready_db: Path) -> None:

@@ -70,10 +70,10 @@ def request_agent_run(
     problem = configured_provider_problem(provider, os.environ if environ is None else environ)
     if problem:
         raise InvalidInput(problem)
-    if max_run_seconds < 1:
-        raise InvalidInput(f"max_run_seconds must be >= 1, got {max_run_seconds}")
-    if max_attempts < 1:
-        raise InvalidInput(f"max_attempts must be >= 1, got {max_attempts}")
+    if not 1 <= max_run_seconds <= 86_400:
+        raise InvalidInput(f"max_run_seconds must be from 1 to 86400, got {max_run_seconds}")
+    if not 1 <= max_attempts <= 100:
+        raise InvalidInput(f"max_attempts must be from 1 to 100, got {max_attempts}")
     require_campaign(conn, campaign_id)
     user = require_user(conn, requested_by)
     if not user.active:

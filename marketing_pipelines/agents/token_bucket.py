@@ -13,6 +13,7 @@ uses this process's clock.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from marketing_pipelines.db.campaigns import InvalidInput
 from marketing_pipelines.db.schema import model_token_bucket as bucket
 from marketing_pipelines.db.types import UTCDateTime
+
+# Far above any provider's per-key limit, far below where float arithmetic on the bucket degrades.
+MAX_CALLS_PER_MINUTE = 100_000.0
+MAX_BURST = 1_000_000.0
 
 
 class ModelRateLimited(RuntimeError):
@@ -76,11 +81,12 @@ def _acquire_statement(dialect: str) -> sa.Update:
 
 def configure_bucket(conn: sa.Connection, provider: str, calls_per_minute: float, burst: float | None = None) -> None:
     """Create or resize a provider's bucket. Capacity defaults to one minute's worth of calls."""
-    if calls_per_minute <= 0:
-        raise InvalidInput(f"calls per minute for {provider!r} must be > 0, got {calls_per_minute}")
+    _check_rate(provider, calls_per_minute)
     capacity = burst if burst is not None else calls_per_minute
-    if capacity < 1:
-        raise InvalidInput(f"burst for {provider!r} must be >= 1, got {capacity}")
+    # `not 1 <= x` also refuses NaN, which compares false with everything (and on PostgreSQL
+    # a NaN rate would admit every call).
+    if not (1 <= capacity <= MAX_BURST and math.isfinite(capacity)):
+        raise InvalidInput(f"burst for {provider!r} must be a finite number from 1 to {MAX_BURST:,.0f}, got {capacity}")
     now = datetime.now(UTC)
     updated = conn.execute(
         sa.update(bucket)
@@ -115,10 +121,17 @@ def _create_bucket(
     return conn.execute(stmt).rowcount == 1
 
 
+def _check_rate(provider: str, calls_per_minute: float) -> None:
+    if not (0 < calls_per_minute <= MAX_CALLS_PER_MINUTE and math.isfinite(calls_per_minute)):
+        raise InvalidInput(
+            f"calls per minute for {provider!r} must be a finite number above 0 and at most "
+            f"{MAX_CALLS_PER_MINUTE:,.0f}, got {calls_per_minute}"
+        )
+
+
 def ensure_bucket(conn: sa.Connection, provider: str, calls_per_minute: float) -> None:
     """Create the bucket with the default size if it does not exist; never resize an existing one."""
-    if calls_per_minute <= 0:
-        raise InvalidInput(f"calls per minute for {provider!r} must be > 0, got {calls_per_minute}")
+    _check_rate(provider, calls_per_minute)
     _create_bucket(conn, provider, calls_per_minute, calls_per_minute / 60.0, datetime.now(UTC))
 
 

@@ -20,14 +20,20 @@ class InvalidInput(ValueError):
     """User input that cannot be accepted; the message names the field and the value."""
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_json_object(value: str | None, name: str) -> dict[str, Any]:
     """Parse a user-given JSON object (empty means {}); errors name ``name`` and the position."""
     if value is None or value.strip() == "":
         return {}
     try:
-        parsed = json.loads(value)
+        parsed = json.loads(value, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError as exc:  # NaN / Infinity: Python's json accepts them, JSON and PostgreSQL do not
+        raise InvalidInput(f"{name} is not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise InvalidInput(f"{name} must be a JSON object, got {type(parsed).__name__}")
     return parsed

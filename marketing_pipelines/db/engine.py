@@ -66,9 +66,7 @@ def get_engine(url: str) -> sa.Engine:
     """One engine (and pool) per URL per process; sensors tick many times in one code server."""
     normalized = normalize_url(url)
     if normalized.get_backend_name() == "sqlite":
-        database = normalized.database
-        if database and database != ":memory:":
-            Path(database).parent.mkdir(parents=True, exist_ok=True)
+        # No directory is created here: only `db upgrade` (and the demo) create a database.
         engine = sa.create_engine(normalized, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _configure_sqlite(engine)
         return engine
@@ -81,8 +79,29 @@ def get_engine(url: str) -> sa.Engine:
     )
 
 
+def sqlite_path(engine: sa.Engine) -> Path | None:
+    """The absolute path of a file-backed SQLite database, else None."""
+    database = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database).resolve()
+
+
+def create_sqlite_folder(engine: sa.Engine) -> None:
+    """Make the folder of a SQLite database file; for the commands that create the database."""
+    path = sqlite_path(engine)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
 def check_connection(engine: sa.Engine) -> None:
-    """Raise DatabaseUnavailable with one clear line when the database cannot be reached."""
+    """Raise DatabaseUnavailable with one clear line when the database cannot be reached.
+
+    A SQLite file that does not exist is reported, not created: connecting would create it.
+    """
+    path = sqlite_path(engine)
+    if path is not None and not path.exists():
+        raise DatabaseUnavailable(f"no SQLite database at {path}: run `marketing-pipelines db upgrade` to create it")
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("SELECT 1"))

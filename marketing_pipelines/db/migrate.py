@@ -14,7 +14,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from marketing_pipelines.db.engine import check_connection
+from marketing_pipelines.db.engine import check_connection, create_sqlite_folder, sqlite_path
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
@@ -46,6 +46,10 @@ def current_revision(engine: sa.Engine) -> str | None:
 
 
 def upgrade(engine: sa.Engine, revision: str = "head") -> None:
+    """Migrate to ``revision``; the one operation that creates a SQLite database (and its folder)."""
+    if sqlite_path(engine) is not None:
+        create_sqlite_folder(engine)
+        engine.connect().close()  # connecting creates the file
     check_connection(engine)
     config = alembic_config()
     with engine.begin() as conn:

@@ -10,7 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from marketing_pipelines.db.campaigns import InvalidInput, parse_json_object, require_campaign
-from marketing_pipelines.db.lease import LeaseQueue
+from marketing_pipelines.db.lease import LeaseQueue, cancel
 from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.executions.actions import InvalidPayload, get_action, webhook_policy
 from marketing_pipelines.executions.egress import EgressPolicy
@@ -24,6 +24,7 @@ EXECUTIONS = LeaseQueue(
     claim_columns=("id", "campaign_id", "stage", "action", "attempts"),
 )
 MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_ATTEMPTS = 100
 STAGE_MAX = 64
 
 
@@ -37,7 +38,10 @@ def parse_due(value: str) -> datetime:
         raise InvalidInput(f"due time {value!r} is not ISO-8601 (e.g. 2026-12-01T09:00:00+00:00) or 'now'") from None
     if parsed.tzinfo is None:
         raise InvalidInput(f"due time {value!r} has no UTC offset; add one, e.g. {value}+00:00")
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput(f"due time {value!r} is out of range in UTC") from None
 
 
 def parse_payload(value: str | None) -> dict[str, Any]:
@@ -66,15 +70,19 @@ def schedule_execution(
     require_campaign(conn, campaign_id)
     if not stage or len(stage) > STAGE_MAX:
         raise InvalidInput(f"stage {stage!r} must be 1-{STAGE_MAX} characters")
-    if max_attempts < 1:
-        raise InvalidInput(f"max_attempts must be >= 1, got {max_attempts}")
+    if not 1 <= max_attempts <= MAX_ATTEMPTS:
+        raise InvalidInput(f"max_attempts must be from 1 to {MAX_ATTEMPTS}, got {max_attempts}")
     if due_at.tzinfo is None:
         raise InvalidInput("due_at must be timezone-aware")
     try:
         get_action(action).validate(payload, egress or webhook_policy())
     except InvalidPayload as exc:
         raise InvalidInput(str(exc)) from None
-    if len(json.dumps(payload)) > MAX_PAYLOAD_BYTES:
+    try:
+        encoded = json.dumps(payload, allow_nan=False)
+    except ValueError:
+        raise InvalidInput("payload holds NaN or Infinity, which is not JSON") from None
+    if len(encoded) > MAX_PAYLOAD_BYTES:
         raise InvalidInput(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes")
     t = marketing_execution
     if dedupe_key is not None:
@@ -171,3 +179,23 @@ def list_attempts(conn: sa.Connection, execution_id: int) -> list[sa.RowMapping]
     a = marketing_execution_attempt
     query = sa.select(a).where(a.c.execution_id == execution_id).order_by(a.c.attempt)
     return list(conn.execute(query).mappings())
+
+
+def cancel_execution(conn: sa.Connection, execution_id: int, reason: str) -> str:
+    """Cancel a SCHEDULED or RUNNING execution; returns the status it had.
+
+    A RUNNING execution's batch run is not stopped (it performs other executions too): its next
+    lease renewal or its outcome finds the row CANCELLED and records nothing. An action already
+    in flight may still complete once.
+    """
+    row = get_execution(conn, execution_id)
+    if row is None:
+        raise InvalidInput(f"execution {execution_id} does not exist; see marketing-pipelines executions list")
+    cancelled = cancel(conn, EXECUTIONS, execution_id, reason)
+    if cancelled is None:
+        raise InvalidInput(
+            f"execution {execution_id} is already {row['status']}; "
+            "only SCHEDULED or RUNNING executions can be cancelled"
+        )
+    end_open_attempts(conn, [execution_id], "CANCELLED", reason)
+    return cancelled.status

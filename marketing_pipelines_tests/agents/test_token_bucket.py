@@ -42,7 +42,11 @@ def test_waiting_caller_gives_up_with_retry_hint(engine: sa.Engine) -> None:
     assert caught.value.retry_after_s >= 1
 
 
-@pytest.mark.parametrize(("per_minute", "burst"), [(0, None), (-5, None), (60, 0.5)])
+@pytest.mark.parametrize(
+    ("per_minute", "burst"),
+    # NaN compares false with everything: on PostgreSQL a NaN rate admitted every call.
+    [(0, None), (-5, None), (60, 0.5), (float("nan"), None), (float("inf"), None), (1e308, None), (60, float("nan"))],
+)
 def test_bad_limits_are_refused_and_nothing_written(engine: sa.Engine, per_minute: float, burst: Any) -> None:
     with pytest.raises(InvalidInput), engine.begin() as conn:
         tb.configure_bucket(conn, "anthropic", per_minute, burst)
