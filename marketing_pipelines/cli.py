@@ -436,13 +436,43 @@ def events_load(file: str, source: str) -> None:
             counts = load_events_file(eng, path, progress=bar.update, source=source)
     else:
         counts = load_events_file(eng, path, source=source)
-    click.echo(f"loaded {counts.loaded}, duplicate {counts.duplicate}, rejected {counts.rejected}")
-    if counts.rejected:
+    click.echo(
+        f"loaded {counts.loaded}, duplicate {counts.duplicate}, conflict {counts.conflict}, rejected {counts.rejected}"
+    )
+    if counts.reasons:
+        by_count = sorted(counts.reasons.items(), key=lambda item: (-len(item[1]), item[1][0]))
+        for reason, lines in by_count[:REASONS_SHOWN]:
+            first = ", ".join(str(n) for n in lines[:3]) + (", ..." if len(lines) > 3 else "")
+            click.echo(f"  {len(lines):>6} x {reason} (line {first})", err=True)
+        if len(by_count) > REASONS_SHOWN:
+            click.echo(f"  ... and {len(by_count) - REASONS_SHOWN} more reason(s)", err=True)
         click.echo(
-            f"rejected rows, with line number and reason, are in marketing_event_reject where file = "
-            f"'{reject_file_label(path)}'",
-            err=True,
+            f"see them all with: marketing-pipelines events rejects --file '{reject_file_label(path)}'", err=True
         )
+
+
+REASONS_SHOWN = 10
+
+
+@events.command("rejects")
+@click.option("--file", "file", default=None, help="Only this file (as events load names it: its absolute path).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=200, show_default=True)
+@json_option
+def events_rejects(file: str | None, limit: int, as_json: bool) -> None:
+    """List rejected lines and conflicting events with their line number and reason.
+
+    \b
+    Example:
+      marketing-pipelines events rejects --file /data/events-2026-11.jsonl
+    """
+    from pathlib import Path
+
+    from marketing_pipelines.measurement.events import list_rejects, reject_file_label
+
+    label = reject_file_label(Path(file)) if file else None
+    with ready_conn() as conn:
+        rows = [dict(r) for r in list_rejects(conn, label, limit)]
+    emit_rows(rows, ["file", "line_number", "reason", "raw"], as_json)
 
 
 @main.command("report")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -39,6 +40,22 @@ class InvalidEvent(ValueError):
     """One event cannot be accepted; the message is the reject reason."""
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e400 parses to inf
+        raise ValueError(f"number {text[:40]} is out of range")
+    return number
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads`` that refuses what is not JSON to PostgreSQL: NaN, Infinity, 1e400 (ValueError)."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
 @dataclass(frozen=True)
 class MarketingEvent:
     """A validated event, ready to insert."""
@@ -56,14 +73,21 @@ class MarketingEvent:
 @dataclass
 class LoadCounts:
     loaded: int = 0
-    duplicate: int = 0
+    duplicate: int = 0  # event_id already stored with the same content
+    conflict: int = 0  # event_id already stored with different content: not loaded, recorded with its reason
     rejected: int = 0
     # Lines that were not even a record (bad UTF-8, not JSON, malformed CSV); all-unparseable means nothing was read.
     unparseable: int = 0
+    # reason -> line numbers (rejects and conflicts), for the loader's summary
+    reasons: dict[str, list[int]] = field(default_factory=dict)
+    conflicts: list[tuple[str, str]] = field(default_factory=list)  # (event_id, reason), for record_events
 
     @property
     def read(self) -> int:
-        return self.loaded + self.duplicate + self.rejected
+        return self.loaded + self.duplicate + self.conflict + self.rejected
+
+    def note(self, reason: str, line_number: int) -> None:
+        self.reasons.setdefault(reason, []).append(line_number)
 
 
 def parse_occurred_at(value: Any) -> datetime:
@@ -78,7 +102,10 @@ def parse_occurred_at(value: Any) -> datetime:
         raise InvalidEvent(f"occurred_at {value!r} is not an ISO-8601 timestamp")
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise InvalidEvent(f"occurred_at {value!r} has no UTC offset; the day boundary needs one")
-    return parsed.astimezone(UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # e.g. 9999-12-31T23:00:00-05:00 is past the last representable instant
+        raise InvalidEvent(f"occurred_at {value!r} is out of range in UTC") from None
 
 
 def _text(raw: Mapping[str, Any], name: str, required: bool) -> str | None:
@@ -128,12 +155,18 @@ def validate_event(
         properties = {}
     elif isinstance(properties, str):  # CSV carries properties as a JSON text cell
         try:
-            properties = json.loads(properties)
+            properties = loads_json(properties)
         except json.JSONDecodeError:
             raise InvalidEvent("properties is not valid JSON") from None
+        except ValueError as exc:
+            raise InvalidEvent(f"properties is not valid JSON: {exc}") from None
     if not isinstance(properties, dict):
         raise InvalidEvent(f"properties must be a JSON object, got {type(properties).__name__}")
-    encoded = json.dumps(properties, separators=(",", ":"))
+    try:
+        # allow_nan=False: neither database may be handed NaN or Infinity (the application's dicts too).
+        encoded = json.dumps(properties, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise InvalidEvent("properties hold NaN or Infinity, which is not JSON") from None
     if len(encoded) > MAX_PROPERTIES_BYTES:
         raise InvalidEvent(f"properties are larger than {MAX_PROPERTIES_BYTES} bytes")
     if "\\u0000" in encoded:  # JSONB refuses it
@@ -161,14 +194,61 @@ def _insert_ignoring_duplicates(conn: sa.Connection, table: sa.Table) -> Any:
     return dialect_insert(table).on_conflict_do_nothing()
 
 
+COMPARED_FIELDS = ("campaign_id", "stage", "event_type", "occurred_at", "source", "actor_id", "properties")
+
+
 def insert_events(conn: sa.Connection, events: Sequence[MarketingEvent], ingested_at: datetime) -> int:
     """Insert a batch, skipping event_ids already stored (or repeated in the batch); returns rows inserted."""
+    return len(insert_events_returning(conn, events, ingested_at))
+
+
+def insert_events_returning(conn: sa.Connection, events: Sequence[MarketingEvent], ingested_at: datetime) -> set[str]:
+    """Insert a batch, skipping event_ids already stored; returns the event_ids inserted."""
     if not events:
-        return 0
+        return set()
     rows = [{**e.__dict__, "ingested_at": ingested_at} for e in events]
     # RETURNING lists only the rows actually inserted, on both dialects; executemany rowcount does not.
     stmt = _insert_ignoring_duplicates(conn, marketing_event).returning(marketing_event.c.event_id)
-    return len(conn.execute(stmt, rows).all())
+    return set(conn.execute(stmt, rows).scalars())
+
+
+def conflicting_fields(conn: sa.Connection, events: Sequence[MarketingEvent]) -> dict[int, list[str]]:
+    """For events whose event_id was not inserted: {index in ``events``: fields that differ from the stored
+    row}. An empty list is a plain duplicate (same content); an index is missing when nothing is stored."""
+    if not events:
+        return {}
+    t = marketing_event
+    stored = {
+        row.event_id: row
+        for row in conn.execute(
+            sa.select(t.c.event_id, *(t.c[f] for f in COMPARED_FIELDS)).where(
+                t.c.event_id.in_({e.event_id for e in events})
+            )
+        )
+    }
+    result = {}
+    for index, event in enumerate(events):
+        row = stored.get(event.event_id)
+        if row is not None:
+            result[index] = [f for f in COMPARED_FIELDS if getattr(row, f) != getattr(event, f)]
+    return result
+
+
+def not_inserted(event_ids: Sequence[str], inserted: set[str]) -> list[int]:
+    """Indexes of the events that were not inserted: already stored, or a repeat within the batch
+    (the first of a repeated event_id is the one inserted)."""
+    first: set[str] = set()
+    skipped = []
+    for index, event_id in enumerate(event_ids):
+        if event_id in inserted and event_id not in first:
+            first.add(event_id)
+        else:
+            skipped.append(index)
+    return skipped
+
+
+def conflict_reason(event_id: str, fields: Sequence[str]) -> str:
+    return f"event_id {event_id!r} is already stored with a different {', '.join(fields)}; not loaded"
 
 
 def record_events(conn: sa.Connection, events: Iterable[Mapping[str, Any]], source: str = "app") -> LoadCounts:
@@ -188,9 +268,15 @@ def record_events(conn: sa.Connection, events: Iterable[Mapping[str, Any]], sour
     counts = LoadCounts()
     for start in range(0, len(validated), BATCH_SIZE):
         batch = validated[start : start + BATCH_SIZE]
-        inserted = insert_events(conn, batch, now)
-        counts.loaded += inserted
-        counts.duplicate += len(batch) - inserted
+        inserted = insert_events_returning(conn, batch, now)
+        counts.loaded += len(inserted)
+        skipped = [batch[i] for i in not_inserted([e.event_id for e in batch], inserted)]
+        for index, fields in conflicting_fields(conn, skipped).items():
+            if fields:
+                counts.conflict += 1
+                counts.conflicts.append((skipped[index].event_id, conflict_reason(skipped[index].event_id, fields)))
+            else:
+                counts.duplicate += 1
     return counts
 
 
@@ -234,9 +320,12 @@ def _jsonl_records(lines: Iterator[_PhysicalLine]) -> Iterator[_Line]:
         if not shown.strip():
             continue
         try:
-            record = json.loads(shown)
+            record = loads_json(shown)
         except json.JSONDecodeError as exc:
             yield _Line(number, shown, None, f"not valid JSON: {exc.msg} at column {exc.colno}")
+            continue
+        except ValueError as exc:
+            yield _Line(number, shown, None, f"not valid JSON: {exc}")
             continue
         if not isinstance(record, dict):
             yield _Line(number, shown, None, f"line must be a JSON object, got {type(record).__name__}")
@@ -319,6 +408,8 @@ def _physical_lines(handle: BinaryIO, progress: Callable[[int], None] | None) ->
             return
         number += 1
         read, problem = len(data), None
+        if number == 1 and data.startswith(b"\xef\xbb\xbf"):
+            data = data[3:]  # a UTF-8 byte-order mark, as spreadsheet programs write it
         if len(data) > MAX_LINE_BYTES and not data.endswith(b"\n"):
             problem = f"line is longer than {MAX_LINE_BYTES} bytes"
             while True:
@@ -362,7 +453,7 @@ def load_events_file(
         known = known_campaign_ids(conn)
     counts = LoadCounts()
     file_label = reject_file_label(path)
-    events: list[MarketingEvent] = []
+    events: list[tuple[MarketingEvent, _Line]] = []
     rejects: list[_Reject] = []
     seen_record = False
     with path.open("rb") as handle:
@@ -376,7 +467,7 @@ def load_events_file(
             else:
                 seen_record = True
                 try:
-                    events.append(validate_event(line.record, known, source, now))
+                    events.append((validate_event(line.record, known, source, now), line))
                 except InvalidEvent as exc:
                     rejects.append(_Reject(line.number, line.raw, str(exc)))
             if len(events) + len(rejects) >= batch_size:
@@ -394,14 +485,24 @@ def load_events_file(
 
 
 def _flush(
-    engine: sa.Engine, events: list[MarketingEvent], rejects: list[_Reject], file_label: str, counts: LoadCounts
+    engine: sa.Engine,
+    events: list[tuple[MarketingEvent, _Line]],
+    rejects: list[_Reject],
+    file_label: str,
+    counts: LoadCounts,
 ) -> None:
     if not events and not rejects:
         return
     now = datetime.now(UTC)
+    conflicts: list[_Reject] = []
     with engine.begin() as conn:
-        inserted = insert_events(conn, events, now)
-        if rejects:
+        inserted = insert_events_returning(conn, [e for e, _ in events], now)
+        skipped = [events[i] for i in not_inserted([e.event_id for e, _ in events], inserted)]
+        for index, fields in conflicting_fields(conn, [e for e, _ in skipped]).items():
+            event, line = skipped[index]
+            if fields:
+                conflicts.append(_Reject(line.number, line.raw, conflict_reason(event.event_id, fields)))
+        if rejects or conflicts:
             rows = [
                 {
                     "file": file_label,
@@ -411,9 +512,21 @@ def _flush(
                     "reason": r.reason[:500],
                     "rejected_at": now,
                 }
-                for r in rejects
+                for r in [*rejects, *conflicts]
             ]
             conn.execute(_insert_ignoring_duplicates(conn, marketing_event_reject), rows)
-    counts.loaded += inserted
-    counts.duplicate += len(events) - inserted
+    counts.loaded += len(inserted)
+    counts.conflict += len(conflicts)
+    counts.duplicate += len(events) - len(inserted) - len(conflicts)
     counts.rejected += len(rejects)
+    for r in [*rejects, *conflicts]:
+        counts.note(r.reason, r.number)
+
+
+def list_rejects(conn: sa.Connection, file: str | None = None, limit: int = 200) -> list[sa.RowMapping]:
+    """Rejected lines (and conflicts), newest file first, in line order; ``file`` as ``reject_file_label`` gives it."""
+    t = marketing_event_reject
+    query = sa.select(t.c.file, t.c.line_number, t.c.reason, t.c.raw, t.c.rejected_at)
+    if file is not None:
+        query = query.where(t.c.file == file)
+    return list(conn.execute(query.order_by(t.c.rejected_at.desc(), t.c.file, t.c.line_number).limit(limit)).mappings())

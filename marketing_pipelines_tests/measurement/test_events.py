@@ -18,8 +18,10 @@ from marketing_pipelines.measurement.events import (
     MAX_LINE_BYTES,
     _jsonl_records,
     _physical_lines,
+    list_rejects,
     load_events_file,
     record_events,
+    reject_file_label,
 )
 from marketing_pipelines_tests.factories import add_campaign
 
@@ -225,9 +227,96 @@ def test_events_load_command_prints_counts(db_url: str, tmp_path: Path) -> None:
     runner = CliRunner()
     first = runner.invoke(main, ["events", "load", str(path)], catch_exceptions=False)
     assert first.exit_code == 0
-    assert "loaded 1, duplicate 0, rejected 1" in first.output
+    assert "loaded 1, duplicate 0, conflict 0, rejected 1" in first.output
+    # The reasons it saw, with their first line numbers, and where to see them all.
+    assert "1 x unknown campaign 'nope' (line 2)" in first.output
+    assert f"events rejects --file '{path.resolve()}'" in first.output
     again = runner.invoke(main, ["events", "load", str(path)], catch_exceptions=False)
-    assert "loaded 0, duplicate 1, rejected 1" in again.output
+    assert "loaded 0, duplicate 1, conflict 0, rejected 1" in again.output
+    listed = runner.invoke(main, ["events", "rejects", "--file", str(path), "--json"], catch_exceptions=False)
+    assert [(r["line_number"], r["reason"]) for r in json.loads(listed.output)] == [(2, "unknown campaign 'nope'")]
+
+
+EVENTS = 3000
+BAD_LINE = 1501
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        # Each stopped the whole load with a traceback at this line, every time it was re-run.
+        ({"occurred_at": "9999-12-31T23:00:00-05:00"}, "is out of range in UTC"),
+        ({"occurred_at": "0001-01-01T00:00:00+05:00"}, "is out of range in UTC"),
+        ('"properties": {"score": NaN}', "NaN is not a JSON number"),
+        ('"properties": {"score": 1e400}', "number 1e400 is out of range"),
+        ('"properties": {"score": -Infinity}', "-Infinity is not a JSON number"),
+    ],
+)
+def test_one_bad_value_is_a_reject_and_the_rest_loads(
+    engine: sa.Engine, campaign: str, tmp_path: Path, bad: Any, reason: str
+) -> None:
+    path = tmp_path / "events.jsonl"
+    with path.open("w") as handle:
+        for i in range(1, EVENTS + 1):
+            line = json.dumps(event(event_id=f"e{i}"))
+            if i == BAD_LINE:
+                line = (
+                    json.dumps(event(event_id=f"e{i}", **bad))
+                    if isinstance(bad, dict)
+                    else line[:-1] + ", " + bad + "}"
+                )
+            handle.write(line + "\n")
+    counts = load_events_file(engine, path)
+    assert (counts.loaded, counts.rejected) == (EVENTS - 1, 1)
+    assert [(lines, r) for r, lines in counts.reasons.items()] == [([BAD_LINE], next(iter(counts.reasons)))]
+    assert reason in next(iter(counts.reasons))
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(marketing_event)).scalar_one() == EVENTS - 1
+        # Neither database holds non-JSON: the stored properties all parse as strict JSON.
+        stored = conn.execute(sa.select(marketing_event.c.properties)).scalars().all()
+    assert all(isinstance(p, dict) and "score" not in p for p in stored)
+
+
+def test_record_events_refuses_non_finite_numbers_in_properties(engine: sa.Engine, campaign: str) -> None:
+    with pytest.raises(InvalidInput, match="properties hold NaN or Infinity"), engine.begin() as conn:
+        record_events(conn, [event(properties={"score": float("nan")})])
+
+
+def test_a_csv_header_with_a_byte_order_mark_is_read(engine: sa.Engine, campaign: str, tmp_path: Path) -> None:
+    path = tmp_path / "export.csv"
+    header = "event_id,campaign_id,stage,event_type,occurred_at,actor_id"
+    path.write_bytes(
+        ("\ufeff" + header + "\n" + "c1,spring-launch,awareness,page_view,2026-11-26T09:00:00Z,u1\n").encode()
+    )
+    counts = load_events_file(engine, path)
+    assert (counts.loaded, counts.rejected) == (1, 0)
+
+
+def test_an_event_id_stored_with_different_content_is_a_conflict_not_a_duplicate(
+    engine: sa.Engine, campaign: str, tmp_path: Path
+) -> None:
+    first = tmp_path / "first.jsonl"
+    first.write_text(json.dumps(event(event_id="a")) + "\n" + json.dumps(event(event_id="b")) + "\n")
+    assert load_events_file(engine, first).loaded == 2
+    second = tmp_path / "second.jsonl"
+    second.write_text(
+        json.dumps(event(event_id="a")) + "\n"  # the same event again: a duplicate
+        + json.dumps(event(event_id="b", event_type="purchase", properties={"path": "/x"})) + "\n"
+    )  # fmt: skip
+    counts = load_events_file(engine, second)
+    assert (counts.loaded, counts.duplicate, counts.conflict, counts.rejected) == (0, 1, 1, 0)
+    [(reason, lines)] = counts.reasons.items()
+    assert (
+        lines == [2] and reason == "event_id 'b' is already stored with a different event_type, properties; not loaded"
+    )
+    with engine.connect() as conn:
+        assert [r["reason"] for r in list_rejects(conn, reject_file_label(second))] == [reason]
+        stored = conn.execute(sa.select(marketing_event.c.event_type).where(marketing_event.c.event_id == "b")).scalar()
+    assert stored == "page_view"  # the first version stays
+    with engine.begin() as conn:
+        app = record_events(conn, [event(event_id="a"), event(event_id="b", stage="conversion")])
+    assert (app.duplicate, app.conflict) == (1, 1)
+    assert app.conflicts == [("b", "event_id 'b' is already stored with a different stage; not loaded")]
 
 
 def add_campaign_for(db_url: str) -> None:
