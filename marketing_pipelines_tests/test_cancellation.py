@@ -22,10 +22,9 @@ from marketing_pipelines.agents.sensors import (
 )
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.executions.actions import WebhookClient
-from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
 from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
 from marketing_pipelines.executions.sensors import due_executions_sensor
+from marketing_pipelines_tests.executions.runs import outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Received, webhook_server
 
@@ -39,11 +38,6 @@ def instance() -> Iterator[dg.DagsterInstance]:
 def cli(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(main, list(args), catch_exceptions=False)
     return result.exit_code, result.output.strip()
-
-
-def _sensor(sensor: dg.SensorDefinition, db_url: str, instance: dg.DagsterInstance) -> list[dg.RunRequest]:
-    result = sensor(dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)}))
-    return list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
 
 
 def _execution(engine: sa.Engine, url: str = "https://hooks.example.com/x", action: str = "webhook") -> int:
@@ -62,7 +56,7 @@ def _execution(engine: sa.Engine, url: str = "https://hooks.example.com/x", acti
 def test_executions_cancel_of_a_scheduled_execution(db_url: str, engine: sa.Engine, instance: dg.DagsterInstance):
     execution_id = _execution(engine, action="log")
     assert cli("executions", "cancel", str(execution_id)) == (0, f"execution {execution_id} cancelled (was SCHEDULED)")
-    assert _sensor(due_executions_sensor, db_url, instance) == []  # nothing left to claim
+    assert sensor_requests(due_executions_sensor, db_url, instance) == []  # nothing left to claim
     with engine.connect() as conn:
         row = get_execution(conn, execution_id)
     assert row is not None and (row["status"], row["last_error"]) == (
@@ -94,24 +88,10 @@ def test_cancelling_a_running_execution_leaves_its_batch_running_and_records_not
                 assert cli("executions", "cancel", str(first))[0] == 0
 
         hook.on_request = cancel_first
-        [request] = _sensor(due_executions_sensor, db_url, instance)
-        result = marketing_execution_job.execute_in_process(
-            run_config=request.run_config,
-            tags=request.tags,
-            instance=instance,
-            resources={
-                "app_db": AppDatabase(url=db_url),
-                "webhook": WebhookClient(timeout_s=5, allow_networks=["127.0.0.1/32"]),
-            },
-        )
+        [request] = sensor_requests(due_executions_sensor, db_url, instance)
+        result = perform(request, db_url, instance)
     assert result.success
-    outcomes = {
-        r.data["execution_id"]: r.data["outcome"]
-        for e in result.all_node_events
-        if e.event_type_value == "STEP_OUTPUT" and e.step_key == OP_NAME
-        for r in e.step_output_data.metadata["executions"].records
-    }
-    assert outcomes == {first: "LEASE_LOST", second: "SUCCEEDED"}
+    assert outcomes(result) == {first: "LEASE_LOST", second: "SUCCEEDED"}
     with engine.connect() as conn:
         assert get_execution(conn, first)["status"] == "CANCELLED"  # type: ignore[index]
         assert get_execution(conn, second)["status"] == "SUCCEEDED"  # type: ignore[index]
@@ -141,7 +121,7 @@ def test_agents_cancel_of_a_queued_run(
 ):
     assert cli("agents", "cancel", str(agent_request)) == (0, f"agent run {agent_request} cancelled (was QUEUED)")
     assert _agent_row(engine, agent_request)["status"] == "CANCELLED"
-    assert _sensor(queued_agent_runs_sensor, db_url, instance) == []
+    assert sensor_requests(queued_agent_runs_sensor, db_url, instance) == []
     code, output = cli("agents", "cancel", str(agent_request))
     assert code == 1 and "is already CANCELLED" in output
 
@@ -149,7 +129,7 @@ def test_agents_cancel_of_a_queued_run(
 def test_a_canceled_agent_dagster_run_cancels_its_agent_run(
     db_url: str, engine: sa.Engine, agent_request: int, instance: dg.DagsterInstance
 ) -> None:
-    [request] = _sensor(queued_agent_runs_sensor, db_url, instance)
+    [request] = sensor_requests(queued_agent_runs_sensor, db_url, instance)
     run = instance.create_run_for_job(job_def=agent_run_job, run_config=request.run_config, tags=request.tags)
     instance.report_run_canceled(run)
     canceled = instance.get_run_by_id(run.run_id)
@@ -174,7 +154,7 @@ class BrokenDatabase(AppDatabase):
 def test_a_failed_agent_dagster_run_requeues_its_agent_run_once(
     db_url: str, engine: sa.Engine, agent_request: int, instance: dg.DagsterInstance
 ) -> None:
-    [request] = _sensor(queued_agent_runs_sensor, db_url, instance)
+    [request] = sensor_requests(queued_agent_runs_sensor, db_url, instance)
     result = agent_run_job.execute_in_process(
         run_config=request.run_config,
         tags=request.tags,
@@ -197,5 +177,5 @@ def test_a_failed_agent_dagster_run_requeues_its_agent_run_once(
     agent_run_failure_sensor(context)  # the same event again changes nothing
     assert _agent_row(engine, agent_request)["status"] == "QUEUED"
     # ... and the requeued run is claimed again as its second attempt.
-    [retry] = _sensor(queued_agent_runs_sensor, db_url, instance)
+    [retry] = sensor_requests(queued_agent_runs_sensor, db_url, instance)
     assert retry.run_key == f"agent_run:{agent_request}:2"

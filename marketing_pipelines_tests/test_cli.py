@@ -195,10 +195,8 @@ def test_executions_show_prints_each_attempt_with_its_run_and_the_last_error(
 ) -> None:
     import dagster as dg
 
-    from marketing_pipelines.db.resources import AppDatabase
-    from marketing_pipelines.executions.actions import WebhookClient
-    from marketing_pipelines.executions.jobs import marketing_execution_job
     from marketing_pipelines.executions.sensors import due_executions_sensor
+    from marketing_pipelines_tests.executions.runs import perform, sensor_requests
 
     url = f"sqlite:///{ready_db}"
     monkeypatch.setenv("MARKETING_RETRY_BACKOFF_SECONDS", "0")
@@ -210,18 +208,8 @@ def test_executions_show_prints_each_attempt_with_its_run_and_the_last_error(
     run_ids = []
     with dg.instance_for_test() as instance:
         for _ in range(2):
-            context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=url)})
-            [request] = due_executions_sensor(context).run_requests
-            result = marketing_execution_job.execute_in_process(
-                run_config=request.run_config,
-                tags=request.tags,
-                instance=instance,
-                resources={
-                    "app_db": AppDatabase(url=url),
-                    "webhook": WebhookClient(timeout_s=2, allow_networks=["127.0.0.1/32"]),
-                },
-            )
-            run_ids.append(result.run_id)
+            [request] = sensor_requests(due_executions_sensor, url, instance)
+            run_ids.append(perform(request, url, instance).run_id)
     shown = run("executions", "show", str(execution_id))
     assert shown.exit_code == 0, shown.output
     lines = shown.output.splitlines()

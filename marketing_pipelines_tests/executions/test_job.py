@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import marketing_execution as t
 from marketing_pipelines.executions.actions import WebhookClient
-from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
+from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
 from marketing_pipelines.executions.sensors import (
     due_executions_sensor,
@@ -25,6 +25,7 @@ from marketing_pipelines.executions.sensors import (
     execution_run_failure_sensor,
     executions_of_run,
 )
+from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Received, Recorder, webhook_server
 
@@ -33,9 +34,6 @@ from marketing_pipelines_tests.webserver import Received, Recorder, webhook_serv
 def instance() -> Iterator[dg.DagsterInstance]:
     with dg.instance_for_test() as inst:
         yield inst
-
-
-LOCAL = ["127.0.0.1/32"]  # the test receiver's address, allowed as an operator would allow it
 
 
 @pytest.fixture
@@ -63,24 +61,7 @@ def _schedule(engine: sa.Engine, url: str, max_attempts: int = 3, n: int = 1) ->
 
 
 def _tick(db_url: str, instance: dg.DagsterInstance) -> list[dg.RunRequest]:
-    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
-    result = due_executions_sensor(context)
-    return list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
-
-
-def _run(
-    request: dg.RunRequest, db_url: str, instance: dg.DagsterInstance, webhook: WebhookClient | None = None
-) -> dg.ExecuteInProcessResult:
-    return marketing_execution_job.execute_in_process(
-        run_config=request.run_config,
-        tags=request.tags,
-        instance=instance,
-        resources={
-            "app_db": AppDatabase(url=db_url),
-            "webhook": webhook or WebhookClient(timeout_s=5, allow_networks=LOCAL),
-        },
-        raise_on_error=False,
-    )
+    return sensor_requests(due_executions_sensor, db_url, instance)
 
 
 def _row(engine: sa.Engine, execution_id: int) -> sa.RowMapping:
@@ -88,15 +69,6 @@ def _row(engine: sa.Engine, execution_id: int) -> sa.RowMapping:
         row = get_execution(conn, execution_id)
     assert row is not None
     return row
-
-
-def _outcomes(result: dg.ExecuteInProcessResult) -> dict[int, str]:
-    """The run's outcome table, as {execution_id: outcome}: what the UI shows for the run."""
-    [materialization] = [
-        e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT" and e.step_key == OP_NAME
-    ]
-    table = materialization.step_output_data.metadata["executions"]
-    return {record.data["execution_id"]: record.data["outcome"] for record in table.records}
 
 
 def _keys(hook: Recorder) -> list[str]:
@@ -113,9 +85,9 @@ def test_webhook_succeeds_once_with_idempotency_key(
     assert request.tags["marketing/execution_id"] == str(execution_id)
     assert request.tags[f"marketing/execution_id.{execution_id}"] == "1"
     assert request.tags["marketing/campaign_id"] == "spring-launch"
-    result = _run(request, db_url, instance)
+    result = perform(request, db_url, instance)
     assert result.success
-    assert _outcomes(result) == {execution_id: "SUCCEEDED"}
+    assert outcomes(result) == {execution_id: "SUCCEEDED"}
     assert _keys(hook) == [f"marketing-execution-{execution_id}"]
     assert hook.received[0].headers["marketing-attempt"] == "1"
     assert hook.received[0].body == {"text": "we launched", "n": 0}
@@ -140,7 +112,7 @@ def test_sensor_groups_a_tick_into_runs_of_executions_per_run(
     assert len({r.run_key for r in requests}) == 3
     assert all("marketing/execution_id" not in r.tags for r in requests)  # several executions: per-id tags only
     assert all(r.tags["marketing/campaigns"] == "spring-launch" for r in requests)
-    results = [_run(r, db_url, instance) for r in requests]
+    results = [perform(r, db_url, instance) for r in requests]
     assert all(r.success for r in results)
     assert Counter(r.headers["idempotency-key"] for r in hook.received) == {f"marketing-execution-{i}": 1 for i in ids}
     assert {_row(engine, i)["run_id"] for i in ids} == {r.run_id for r in results}
@@ -161,10 +133,10 @@ def test_one_failing_webhook_costs_the_others_nothing(
 
     hook.status_for = status
     [request] = _tick(db_url, instance)
-    result = _run(request, db_url, instance)
+    result = perform(request, db_url, instance)
     # The run did its job: every outcome is recorded, the failure as that execution's own.
     assert result.success
-    assert _outcomes(result) == {i: ("RESCHEDULED" if i == failing else "SUCCEEDED") for i in ids}
+    assert outcomes(result) == {i: ("RESCHEDULED" if i == failing else "SUCCEEDED") for i in ids}
     assert Counter(_keys(hook)) == {f"marketing-execution-{i}": 1 for i in ids}
     for i in ids:
         row = _row(engine, i)
@@ -186,7 +158,7 @@ def test_http_500_reschedules_with_backoff_then_fails_at_max_attempts(
     hook.status = 500
     [execution_id] = _schedule(engine, hook.url, max_attempts=2)
     [request] = _tick(db_url, instance)
-    assert _outcomes(_run(request, db_url, instance)) == {execution_id: "RESCHEDULED"}
+    assert outcomes(perform(request, db_url, instance)) == {execution_id: "RESCHEDULED"}
     row = _row(engine, execution_id)
     assert row["status"] == "SCHEDULED" and row["attempts"] == 1
     assert "HTTP 500" in row["last_error"]
@@ -196,7 +168,7 @@ def test_http_500_reschedules_with_backoff_then_fails_at_max_attempts(
     [retry] = _tick(db_url, instance)
     assert executions_of_run(retry.tags) == {execution_id: 2}
     assert retry.run_key != request.run_key
-    assert _outcomes(_run(retry, db_url, instance)) == {execution_id: "FAILED"}
+    assert outcomes(perform(retry, db_url, instance)) == {execution_id: "FAILED"}
     assert _row(engine, execution_id)["status"] == "FAILED"
     # One effect, two deliveries: the same key, the attempt in its own header.
     assert _keys(hook) == [f"marketing-execution-{execution_id}"] * 2
@@ -221,9 +193,9 @@ def test_run_that_lost_a_lease_mid_action_cannot_complete_that_execution(
 
     hook.on_request = steal
     [request] = _tick(db_url, instance)
-    result = _run(request, db_url, instance)
+    result = perform(request, db_url, instance)
     assert result.success
-    assert _outcomes(result) == {ids[0]: "SUCCEEDED", stolen: "LEASE_LOST", ids[2]: "SUCCEEDED"}
+    assert outcomes(result) == {ids[0]: "SUCCEEDED", stolen: "LEASE_LOST", ids[2]: "SUCCEEDED"}
     row = _row(engine, stolen)
     assert (row["status"], row["lease_owner"]) == ("RUNNING", "claim:other")
     logs = [e.message for e in instance.all_logs(result.run_id) if e.message]
@@ -239,10 +211,10 @@ def test_run_started_after_its_claim_was_reclaimed_does_nothing(
         conn.execute(sa.update(t).values(lease_expires_at=datetime.now(UTC) - timedelta(seconds=1)))
     [fresh] = _tick(db_url, instance)
     assert executions_of_run(fresh.tags) == {execution_id: 2}
-    stale_result = _run(stale, db_url, instance)
-    assert stale_result.success and _outcomes(stale_result) == {execution_id: "SKIPPED"}
+    stale_result = perform(stale, db_url, instance)
+    assert stale_result.success and outcomes(stale_result) == {execution_id: "SKIPPED"}
     assert hook.received == []
-    assert _run(fresh, db_url, instance).success
+    assert perform(fresh, db_url, instance).success
     assert len(hook.received) == 1 and _row(engine, execution_id)["status"] == "SUCCEEDED"
     with engine.connect() as conn:
         attempts = [(a["attempt"], a["outcome"]) for a in list_attempts(conn, execution_id)]
@@ -255,10 +227,10 @@ def test_reexecution_of_a_succeeded_batch_does_nothing(
 ) -> None:
     ids = _schedule(engine, hook.url, n=3)
     [request] = _tick(db_url, instance)
-    assert _run(request, db_url, instance).success
-    again = _run(request, db_url, instance)  # what "Re-execute" in the UI does: same config
+    assert perform(request, db_url, instance).success
+    again = perform(request, db_url, instance)  # what "Re-execute" in the UI does: same config
     assert again.success
-    assert _outcomes(again) == dict.fromkeys(ids, "SKIPPED")
+    assert outcomes(again) == dict.fromkeys(ids, "SKIPPED")
     assert len(hook.received) == 3
     logs = [e.message for e in instance.all_logs(again.run_id) if e.message]
     assert sum("is SUCCEEDED" in m and "does nothing" in m for m in logs) == 3
@@ -274,8 +246,8 @@ def test_a_bug_in_one_action_is_recorded_as_that_executions_failure(
 ) -> None:
     [execution_id] = _schedule(engine, hook.url)
     [request] = _tick(db_url, instance)
-    result = _run(request, db_url, instance, webhook=ExplodingWebhook())
-    assert result.success and _outcomes(result) == {execution_id: "RESCHEDULED"}
+    result = perform(request, db_url, instance, webhook=ExplodingWebhook())
+    assert result.success and outcomes(result) == {execution_id: "RESCHEDULED"}
     row = _row(engine, execution_id)
     assert row["status"] == "SCHEDULED" and row["lease_owner"] is None
     assert row["last_error"] == "internal error: RuntimeError: bug in the action"
@@ -309,13 +281,7 @@ def test_run_failure_sensor_reschedules_every_execution_a_dead_run_held(
         conn.execute(
             sa.update(t).where(t.c.id == ids[0]).values(status="SUCCEEDED", lease_owner=None, lease_expires_at=None)
         )
-    result = marketing_execution_job.execute_in_process(
-        run_config=request.run_config,
-        tags=request.tags,
-        instance=instance,
-        resources={"app_db": BrokenDatabase(url=db_url), "webhook": WebhookClient(timeout_s=5, allow_networks=LOCAL)},
-        raise_on_error=False,
-    )
+    result = perform(request, db_url, instance, app_db=BrokenDatabase(url=db_url))
     assert not result.success
     assert [_row(engine, i)["status"] for i in ids] == ["SUCCEEDED", "RUNNING", "RUNNING"]
     context = _run_status_context(result, instance, db_url, "execution_run_failure_sensor").for_run_failure()

@@ -28,6 +28,7 @@ from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
 from marketing_pipelines.executions.sensors import due_executions_sensor, executions_of_run
+from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Received, webhook_server
 
@@ -50,17 +51,13 @@ def _worker(db_url: str, run_config: dict[str, Any], tags: dict[str, str]) -> No
             instance=instance,
             resources={
                 "app_db": AppDatabase(url=db_url),
-                "webhook": WebhookClient(timeout_s=60, allow_networks=["127.0.0.1/32"]),
+                "webhook": WebhookClient(timeout_s=60, allow_networks=LOCAL),
             },
         )
 
 
 def _tick(db_url: str) -> list[dg.RunRequest]:
-    context = dg.build_sensor_context(
-        instance=dg.DagsterInstance.ephemeral(), resources={"app_db": AppDatabase(url=db_url)}
-    )
-    result = due_executions_sensor(context)
-    return list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
+    return sensor_requests(due_executions_sensor, db_url, dg.DagsterInstance.ephemeral())
 
 
 def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(
@@ -119,15 +116,7 @@ def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(
         [retry] = _tick(db_url)
         assert executions_of_run(retry.tags) == {i: 2 for i in ids[2:]}
         with dg.DagsterInstance.ephemeral() as instance:
-            result = marketing_execution_job.execute_in_process(
-                run_config=retry.run_config,
-                tags=retry.tags,
-                instance=instance,
-                resources={
-                    "app_db": AppDatabase(url=db_url),
-                    "webhook": WebhookClient(timeout_s=5, allow_networks=["127.0.0.1/32"]),
-                },
-            )
+            result = perform(retry, db_url, instance)
         assert result.success
 
     assert statuses() == ["SUCCEEDED"] * N

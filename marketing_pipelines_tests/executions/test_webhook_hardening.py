@@ -25,14 +25,13 @@ from click.testing import CliRunner
 
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.campaigns import InvalidInput
-from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.executions.actions import ActionContext, ActionFailed, WebhookAction, WebhookClient
 from marketing_pipelines.executions.egress import EgressPolicy, parse_networks
-from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import get_execution, schedule_execution
 from marketing_pipelines.executions.sensors import due_executions_sensor
 from marketing_pipelines.redact import redact_url, redact_urls
+from marketing_pipelines_tests.executions.runs import perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import webhook_server
 
@@ -106,14 +105,8 @@ def test_a_payload_cannot_set_the_actions_own_headers(engine: sa.Engine, header:
 
 
 def _tick_and_run(db_url: str, instance: dg.DagsterInstance, webhook: WebhookClient) -> dg.ExecuteInProcessResult:
-    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
-    [request] = due_executions_sensor(context).run_requests
-    return marketing_execution_job.execute_in_process(
-        run_config=request.run_config,
-        tags=request.tags,
-        instance=instance,
-        resources={"app_db": AppDatabase(url=db_url), "webhook": webhook},
-    )
+    [request] = sensor_requests(due_executions_sensor, db_url, instance)
+    return perform(request, db_url, instance, webhook)
 
 
 def test_the_resolved_address_is_checked_again_when_sent(db_url: str, engine: sa.Engine) -> None:

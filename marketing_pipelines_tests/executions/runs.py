@@ -1,0 +1,45 @@
+"""Running what the execution sensor requests, the way the tests of several modules need it."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.executions.actions import WebhookClient
+from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
+
+LOCAL = ["127.0.0.1/32"]  # the test receivers' address, allowed as an operator would allow it
+
+
+def sensor_requests(sensor: dg.SensorDefinition, db_url: str, instance: dg.DagsterInstance) -> list[dg.RunRequest]:
+    """One evaluation of ``sensor``; the run requests it returned (none when it skipped)."""
+    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
+    result = sensor(context)
+    return list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
+
+
+def perform(
+    request: dg.RunRequest,
+    db_url: str,
+    instance: dg.DagsterInstance,
+    webhook: WebhookClient | None = None,
+    app_db: AppDatabase | None = None,
+) -> dg.ExecuteInProcessResult:
+    """Run one requested marketing_execution_job on ``instance``, as a launched run would."""
+    return marketing_execution_job.execute_in_process(
+        run_config=request.run_config,
+        tags=request.tags,
+        instance=instance,
+        resources={
+            "app_db": app_db or AppDatabase(url=db_url),
+            "webhook": webhook or WebhookClient(timeout_s=5, allow_networks=LOCAL),
+        },
+        raise_on_error=False,
+    )
+
+
+def outcomes(result: dg.ExecuteInProcessResult) -> dict[int, str]:
+    """The run's outcome table, as {execution_id: outcome}: what the UI shows for the run."""
+    [output] = [e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT" and e.step_key == OP_NAME]
+    table = output.step_output_data.metadata["executions"]
+    return {record.data["execution_id"]: record.data["outcome"] for record in table.records}
