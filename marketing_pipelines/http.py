@@ -2,14 +2,17 @@
 
 One place decides what is retryable and how long to wait, so the GitHub importer, the
 Plausible importer and the model providers all honour the same server hints:
-``Retry-After`` (seconds or an HTTP date), ``X-RateLimit-Reset`` (epoch seconds, GitHub) and
-GitHub's 403 with ``X-RateLimit-Remaining: 0``.
+``retry-after-ms`` (milliseconds; OpenAI and Anthropic), ``Retry-After`` (seconds or an HTTP
+date) and ``X-RateLimit-Reset`` (epoch seconds, read only while ``X-RateLimit-Remaining`` is 0).
+What a service means by "rate limited" beyond 429, and how long it wants to be left alone when
+it gives no hint, is its ``RetryPolicy``: the generic code knows no service by name.
 """
 
 from __future__ import annotations
 
 import datetime
 import email.utils
+import math
 import random
 import time
 from collections.abc import Callable
@@ -19,6 +22,8 @@ import httpx
 
 # 529 is Anthropic's "overloaded".
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 529})
+# No header can make us wait longer than this: a negative, NaN or absurd hint is clamped or ignored.
+MAX_WAIT_HINT_S = 24 * 3600.0
 
 
 class ServiceError(RuntimeError):
@@ -35,11 +40,30 @@ class RateLimited(ServiceError):
 
     Callers inside Dagster turn this into ``dg.RetryRequested(seconds_to_wait=...)`` so a
     step does not hold a worker (or a pool slot) asleep for the whole window.
+    ``detail`` is the service's own words (status and start of the body), when there were any.
     """
 
-    def __init__(self, service: str, retry_after_s: float) -> None:
-        super().__init__(service, f"rate limited; retry in {retry_after_s:.0f}s", status=429)
+    def __init__(self, service: str, retry_after_s: float, detail: str = "") -> None:
+        retry_after_s = _clamp_wait(retry_after_s)
+        if retry_after_s is None:
+            retry_after_s = MAX_WAIT_HINT_S
+        suffix = f" ({detail})" if detail else ""
+        super().__init__(service, f"rate limited; retry in {retry_after_s:.0f}s{suffix}", status=429)
         self.retry_after_s = retry_after_s
+        self.detail = detail
+
+
+def is_rate_limited(response: httpx.Response) -> bool:
+    """429, or a 403 that carries rate-limit headers (exhausted quota, or a Retry-After).
+
+    Any other 403 is a real permission error. A service whose rate-limit 403 says so only in its
+    body (GitHub's secondary limit) passes its own check as ``RetryPolicy.is_rate_limited``.
+    """
+    if response.status_code == 429:
+        return True
+    if response.status_code != 403:
+        return False
+    return response.headers.get("x-ratelimit-remaining") == "0" or "retry-after" in response.headers
 
 
 @dataclass(frozen=True)
@@ -49,44 +73,73 @@ class RetryPolicy:
     max_delay_s: float = 30.0
     # A hint longer than this is not slept through: RateLimited is raised instead.
     max_wait_s: float = 60.0
+    # The least wait after a rate-limited answer that gave no hint (GitHub asks for a minute, Plausible's
+    # window is an hour). 0 falls back to jittered backoff. Above max_wait_s it means "raise RateLimited now".
+    min_rate_limit_wait_s: float = 0.0
+    # Which answers are rate limits; None is is_rate_limited (429 and a 403 with rate-limit headers).
+    is_rate_limited: Callable[[httpx.Response], bool] | None = None
+
+    def rate_limited(self, response: httpx.Response) -> bool:
+        return (self.is_rate_limited or is_rate_limited)(response)
 
 
-def _is_rate_limited_403(response: httpx.Response) -> bool:
-    # GitHub answers an exhausted primary limit with 403 + remaining 0, and a secondary
-    # limit with 403 + Retry-After; any other 403 is a real permission error.
-    if response.status_code != 403:
-        return False
-    return response.headers.get("x-ratelimit-remaining") == "0" or "retry-after" in response.headers
+def _clamp_wait(seconds: float) -> float | None:
+    """``seconds`` within [0, MAX_WAIT_HINT_S]; None for NaN, which is no hint at all."""
+    if math.isnan(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_WAIT_HINT_S)
+
+
+def _parse_seconds(value: str) -> float | None:
+    try:
+        return _clamp_wait(float(value))
+    except ValueError:
+        return None
 
 
 def server_wait_hint(response: httpx.Response, now: float | None = None) -> float | None:
-    """Seconds the server asked us to wait, from its headers, or None when it gave no hint."""
+    """Seconds the server asked us to wait, from its headers, or None when it gave no (readable) hint.
+
+    Order as in the OpenAI and Anthropic SDKs: ``retry-after-ms``, then ``retry-after`` (seconds or an
+    HTTP date), then ``x-ratelimit-reset`` when ``x-ratelimit-remaining`` is 0 (or absent on a 429).
+    Every result lies in [0, MAX_WAIT_HINT_S].
+    """
     now = time.time() if now is None else now
+    retry_after_ms = response.headers.get("retry-after-ms")
+    if retry_after_ms:
+        try:
+            hint = _clamp_wait(float(retry_after_ms) / 1000.0)
+        except ValueError:
+            hint = None  # unreadable: try the other headers
+        if hint is not None:
+            return hint
     retry_after = response.headers.get("retry-after")
     if retry_after:
-        try:
-            return max(0.0, float(retry_after))
-        except ValueError:
-            pass
+        hint = _parse_seconds(retry_after)
+        if hint is not None:
+            return hint
         try:
             parsed = email.utils.parsedate_to_datetime(retry_after)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             parsed = None  # a hint we cannot read is no hint; fall back to backoff
         if parsed is not None:
             if parsed.tzinfo is None:  # "-0000" parses naive; HTTP dates are GMT
                 parsed = parsed.replace(tzinfo=datetime.UTC)
-            return max(0.0, parsed.timestamp() - now)
+            return _clamp_wait(parsed.timestamp() - now)
     reset = response.headers.get("x-ratelimit-reset")
-    if reset and (response.status_code == 429 or _is_rate_limited_403(response)):
+    remaining = response.headers.get("x-ratelimit-remaining")
+    # The reset is when the quota refills; it says nothing about a limit hit with quota left (GitHub's
+    # secondary limits answer with remaining > 0 and the primary window's reset, maybe an hour away).
+    if reset and (remaining == "0" or (remaining is None and response.status_code == 429)):
         try:
-            return max(0.0, float(reset) - now)
+            return _clamp_wait(float(reset) - now)
         except ValueError:
             return None
     return None
 
 
-def is_retryable(response: httpx.Response) -> bool:
-    return response.status_code in RETRYABLE_STATUSES or _is_rate_limited_403(response)
+def is_retryable(response: httpx.Response, policy: RetryPolicy | None = None) -> bool:
+    return response.status_code in RETRYABLE_STATUSES or (policy or RetryPolicy()).rate_limited(response)
 
 
 def send_with_retries(
@@ -97,35 +150,43 @@ def send_with_retries(
     policy: RetryPolicy = RetryPolicy(),
     sleep: Callable[[float], None] = time.sleep,
 ) -> httpx.Response:
-    """Send ``request``, retrying transport errors, 429, 5xx and rate-limit 403s.
+    """Send ``request``, retrying transport errors, 5xx and rate limits (429, and what the policy counts).
 
     Returns the first non-retryable response (the caller decides what a 4xx means) or raises
-    ServiceError / RateLimited once the attempts are spent.
+    ServiceError / RateLimited once the attempts are spent. A wait longer than ``policy.max_wait_s``
+    is never slept: RateLimited is raised at once.
     """
     last_problem = "no attempt made"
     last_hint: float | None = None
+    rate_limited = False
     for attempt in range(1, policy.max_attempts + 1):
         try:
             response = client.send(request)
         except httpx.TransportError as exc:
             last_problem = f"{type(exc).__name__}: {exc}"
             hint = None
+            rate_limited = False
         else:
-            if not is_retryable(response):
+            if not is_retryable(response, policy):
                 return response
             response.read()
             last_problem = f"HTTP {response.status_code}: {response.text[:200].strip()}"
-            hint = last_hint = server_wait_hint(response)
+            rate_limited = policy.rate_limited(response)
+            hint = server_wait_hint(response)
+            if hint is None and rate_limited and policy.min_rate_limit_wait_s > 0:
+                hint = policy.min_rate_limit_wait_s
+            last_hint = hint
             if hint is not None and hint > policy.max_wait_s:
-                raise RateLimited(service, hint)
+                raise RateLimited(service, hint, last_problem)
         if attempt == policy.max_attempts:
             break
         if hint is None:
             # Full jitter: replicas that failed together do not retry together.
             hint = random.uniform(0, min(policy.max_delay_s, policy.base_delay_s * 2 ** (attempt - 1)))
         sleep(hint)
-    if last_problem.startswith("HTTP 429") or last_problem.startswith("HTTP 403"):
-        raise RateLimited(service, last_hint if last_hint is not None else policy.max_delay_s)
+    if rate_limited:
+        wait = last_hint if last_hint is not None else max(policy.max_delay_s, policy.min_rate_limit_wait_s)
+        raise RateLimited(service, wait, last_problem)
     raise ServiceError(service, f"gave up after {policy.max_attempts} attempts ({last_problem})")
 
 

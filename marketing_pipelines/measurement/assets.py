@@ -32,7 +32,7 @@ from marketing_pipelines.settings import Settings
 GROUP = "measurement"
 OWNERS = ["team:marketing-data"]
 NOT_CONFIGURED = "not configured"
-# A RateLimited wait longer than RetryPolicy.max_wait_s frees the worker; Dagster re-runs the step later.
+# GitHub: a RateLimited wait longer than its RetryPolicy.max_wait_s frees the worker; Dagster re-runs the step later.
 RATE_LIMIT_RETRIES = 3
 
 measurement_partitions = dg.DailyPartitionsDefinition(
@@ -95,10 +95,9 @@ def site_analytics_daily(
         context.log.info(f"{plausible.name} is not configured: {plausible.not_configured_reason()}")
         return not_configured_result(plausible)
     engine = app_db.ready_engine()
-    try:
-        rows = plausible.daily_campaign_stats(day)
-    except RateLimited as exc:
-        raise dg.RetryRequested(max_retries=RATE_LIMIT_RETRIES, seconds_to_wait=exc.retry_after_s) from exc
+    # Plausible's limit is an hourly window with no Retry-After: the client fails the partition at
+    # once ("retry after the hour") rather than keep a run waiting or spend more requests.
+    rows = plausible.daily_campaign_stats(day)
     summary = replace_site_analytics_day(engine, day, rows)
     if summary.unmapped_utm_campaigns:
         context.log.warning(
@@ -165,10 +164,14 @@ def github_release_downloads_daily(
             f"No snapshot for {day} of {', '.join(missing)}: the day ended more than a day ago and GitHub "
             "reports only current totals, so its downloads cannot be reconstructed."
         )
+    moved = {r.repo: r.moved_to for r in results if r.moved_to}
     with engine.connect() as conn:
         check = check_no_unflagged_negative_delta(conn, day)
     return dg.MaterializeResult(
         metadata={
+            # A renamed or transferred repository still imports (GitHub redirects it); update the
+            # campaign's github_repo to the new name when it shows here.
+            **({"moved_repos": dg.MetadataValue.json(moved)} if moved else {}),
             **_ints(
                 {
                     "rows": sum(len(r.deltas) for r in results),

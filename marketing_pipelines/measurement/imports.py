@@ -67,6 +67,7 @@ class RepoDownloads:
     repo: str
     snapshot: str  # "fetched", "not_modified", "stored" (reused) or "missing"
     deltas: tuple[DownloadDelta, ...]
+    moved_to: str | None = None  # GitHub answered 301: the repository's new API location
 
     @property
     def downloads(self) -> int:
@@ -97,13 +98,13 @@ def import_repo_day(
 ) -> RepoDownloads:
     """Snapshot ``repo`` for ``day`` (when still possible), then replace that day's download deltas of the repo."""
     now = now or datetime.now(UTC)
-    snapshot_state = "stored"
+    snapshot_state, moved_to = "stored", None
     if can_take_snapshot(day, now):
-        snapshot_state = _take_snapshot(engine, client, repo, day, now)
+        snapshot_state, moved_to = _take_snapshot(engine, client, repo, day, now)
     with engine.begin() as conn:
         current = _snapshot(conn, repo, day)
         if current is None:
-            return RepoDownloads(repo, "missing", ())
+            return RepoDownloads(repo, "missing", (), moved_to)
         previous_day = conn.execute(
             sa.select(sa.func.max(github_release_asset_snapshot.c.day)).where(
                 github_release_asset_snapshot.c.repo == repo, github_release_asset_snapshot.c.day < day
@@ -134,10 +135,13 @@ def import_repo_day(
                     for d in deltas
                 ],
             )
-    return RepoDownloads(repo, snapshot_state, tuple(deltas))
+    return RepoDownloads(repo, snapshot_state, tuple(deltas), moved_to)
 
 
-def _take_snapshot(engine: sa.Engine, client: GitHubReleasesClient, repo: str, day: date, now: datetime) -> str:
+def _take_snapshot(
+    engine: sa.Engine, client: GitHubReleasesClient, repo: str, day: date, now: datetime
+) -> tuple[str, str | None]:
+    """Store ``repo``'s snapshot for ``day``; returns ("fetched" or "not_modified", where it moved or None)."""
     with engine.connect() as conn:
         stored = conn.execute(
             sa.select(github_repo_etag.c.etag, github_repo_etag.c.snapshot_day).where(github_repo_etag.c.repo == repo)
@@ -174,7 +178,7 @@ def _take_snapshot(engine: sa.Engine, client: GitHubReleasesClient, repo: str, d
         etag = stored.etag if result.not_modified and stored else result.etag
         if etag and assets:
             conn.execute(sa.insert(github_repo_etag).values(repo=repo, etag=etag, snapshot_day=day, fetched_at=now))
-    return "not_modified" if result.not_modified else "fetched"
+    return ("not_modified" if result.not_modified else "fetched"), result.moved_to
 
 
 def _snapshot(conn: sa.Connection, repo: str, day: date) -> list[ReleaseAssetSnapshot] | None:

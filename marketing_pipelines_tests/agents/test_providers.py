@@ -18,7 +18,7 @@ from marketing_pipelines.agents.providers import (
     ToolCall,
     ToolSpec,
 )
-from marketing_pipelines.http import RateLimited, ServiceError
+from marketing_pipelines.http import RateLimited, ServiceError, server_wait_hint
 
 SYSTEM = "You run marketing campaigns."
 
@@ -372,6 +372,68 @@ def test_429_waits_for_retry_after_then_succeeds(
     assert turn.text == "Campaign 7 got 42 signups."
     assert script.sleeps == [7.0]
     assert len(script.requests) == 2
+
+
+NOW = 1_800_000_000.0
+# No header makes a wait longer than a day.
+A_DAY = 24 * 3600.0
+
+
+@pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)
+def test_429_prefers_retry_after_ms_over_retry_after(
+    factory: ProviderFactory, ok_payload: dict, env_var: str, bad_request: dict
+) -> None:
+    # Both APIs send the precise retry-after-ms next to a whole-second retry-after; their SDKs read it first.
+    headers = {"retry-after-ms": "1500", "retry-after": "2", "x-request-id": "req_01"}
+    script = Script(
+        httpx.Response(429, headers=headers, json={"error": {"type": "rate_limit_error", "message": "slow down"}}),
+        httpx.Response(200, json=ok_payload),
+    )
+
+    turn = complete_once(factory(script))
+
+    assert turn.text == "Campaign 7 got 42 signups."
+    assert script.sleeps == [1.5]
+    assert len(script.requests) == 2
+
+
+@pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)
+def test_an_absurd_retry_after_is_capped_at_a_day(
+    factory: ProviderFactory, ok_payload: dict, env_var: str, bad_request: dict
+) -> None:
+    script = Script(httpx.Response(429, headers={"retry-after": "1e400"}, json={"error": {"message": "slow down"}}))
+
+    with pytest.raises(RateLimited) as raised:
+        complete_once(factory(script))
+
+    assert raised.value.retry_after_s == A_DAY
+    assert script.sleeps == []
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "expected"),
+    [
+        pytest.param(429, {"retry-after-ms": "250"}, 0.25, id="ms"),
+        pytest.param(429, {"retry-after-ms": "250", "retry-after": "9"}, 0.25, id="ms-wins"),
+        pytest.param(429, {"retry-after-ms": "soon", "retry-after": "9"}, 9.0, id="bad-ms-falls-back"),
+        pytest.param(429, {"retry-after-ms": "NaN", "retry-after": "9"}, 9.0, id="nan-ms-falls-back"),
+        pytest.param(429, {"retry-after-ms": "-40"}, 0.0, id="negative-ms"),
+        pytest.param(429, {"retry-after-ms": "inf"}, A_DAY, id="infinite-ms"),
+        pytest.param(429, {"retry-after": "-5"}, 0.0, id="negative"),
+        pytest.param(429, {"retry-after": "nan"}, None, id="nan-is-no-hint"),
+        pytest.param(429, {"retry-after": "99999999999"}, A_DAY, id="absurd"),
+        pytest.param(429, {"retry-after": "Fri, 31 Dec 9999 23:59:59 GMT"}, A_DAY, id="far-date"),
+        pytest.param(429, {"retry-after": "Sat, 01 Jan 10000 00:00:00 GMT"}, None, id="unreadable-date"),
+        pytest.param(403, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(NOW + 30)}, 30.0, id="reset"),
+        pytest.param(403, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": "1e30"}, A_DAY, id="far-reset"),
+        pytest.param(403, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": "nan"}, None, id="nan-reset"),
+        pytest.param(403, {"x-ratelimit-remaining": "0", "x-ratelimit-reset": str(NOW - 30)}, 0.0, id="past-reset"),
+        # A reset with quota left is the primary window's, not a wait for this answer (GitHub secondary limits).
+        pytest.param(429, {"x-ratelimit-remaining": "12", "x-ratelimit-reset": str(NOW + 900)}, None, id="quota-left"),
+    ],
+)
+def test_server_wait_hint_is_bounded(status: int, headers: dict[str, str], expected: float | None) -> None:
+    assert server_wait_hint(httpx.Response(status, headers=headers), now=NOW) == expected
 
 
 @pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)

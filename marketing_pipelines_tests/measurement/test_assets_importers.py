@@ -222,3 +222,21 @@ def test_github_asset_yesterday_then_today(engine: sa.Engine, db_url: str) -> No
     # The baseline day has no known downloads, so it has no rollup row; today has 12, actors unknown (NULL).
     assert rows == [(today, "alpha", 12, None, "github_releases")]
     assert snapshots == 2
+
+
+def test_a_moved_repository_still_imports_and_the_asset_says_where_it_went(engine: sa.Engine, db_url: str) -> None:
+    # GitHub answers a renamed or transferred repository's old name with 301 to /repositories/{id}.
+    add_campaign(engine, "alpha", github_repo=REPO)
+    moved = "https://api.github.com/repositories/1296269/releases?per_page=100"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == f"/repos/{REPO}/releases":
+            return httpx.Response(301, headers={"location": moved}, json={"message": "Moved Permanently"})
+        return releases({7: 1000})
+
+    result = materialize(
+        [github_release_downloads_daily], db_url, datetime.now(UTC).date(), github=mocked_github(Api(handler))
+    )
+    meta = metadata(result, "github_release_downloads_daily")
+    assert meta["status"] == "imported" and meta["rows"] == 1
+    assert meta["moved_repos"] == {REPO: moved}

@@ -193,10 +193,28 @@ def test_plausible_stops_after_an_empty_page_when_the_last_full_page_ended_exact
     assert len(recorder.requests) == 2
 
 
-def test_plausible_waits_out_a_429_retry_after_then_succeeds() -> None:
+def test_plausible_429_fails_after_one_request_without_retrying() -> None:
+    # Plausible's hourly per-key limit answers 429 with this body and no Retry-After or rate-limit headers; a
+    # retry within the hour only spends more of the same window.
+    body = {"error": "Too many API requests. Your API key is limited to 600 requests per hour."}
+    recorder = Recorder(lambda request: httpx.Response(429, json=body))
+
+    with pytest.raises(ServiceError) as raised:
+        plausible(recorder).daily_campaign_stats(DAY)
+
+    assert not isinstance(raised.value, RateLimited)  # the asset would turn that into an hour-long Dagster retry
+    assert raised.value.status == 429
+    message = str(raised.value)
+    assert "rate limited by Plausible (hourly request limit); retry after the hour" in message
+    assert "limited to 600 requests per hour" in message
+    assert len(recorder.requests) == 1
+    assert recorder.sleeps == []
+
+
+def test_plausible_5xx_is_still_retried() -> None:
     answers = iter(
         [
-            httpx.Response(429, headers={"retry-after": "1"}, json={"error": "Too many API requests"}),
+            httpx.Response(502, text="<html><body>502 Bad Gateway</body></html>"),
             httpx.Response(200, json=plausible_page([("spring", "/", 3, 4)], 0, 10_000)),
         ]
     )
@@ -205,7 +223,7 @@ def test_plausible_waits_out_a_429_retry_after_then_succeeds() -> None:
     rows = plausible(recorder).daily_campaign_stats(DAY)
 
     assert [row.visitors for row in rows] == [3]
-    assert recorder.sleeps == [1.0]
+    assert len(recorder.sleeps) == 1 and 0 <= recorder.sleeps[0] <= 0.5
     assert len(recorder.requests) == 2
 
 
@@ -405,6 +423,193 @@ def test_github_403_rate_limit_resetting_in_a_second_is_waited_out() -> None:
     assert [a.asset_id for a in result.assets] == [901]
     assert len(recorder.sleeps) == 1 and 0 <= recorder.sleeps[0] <= 1
     assert len(recorder.requests) == 2
+
+
+SECONDARY_LIMIT_BODY = {
+    "message": (
+        "You have exceeded a secondary rate limit. Please wait a few minutes before you try again. If you reach "
+        "out to GitHub Support for help, please include the request ID C8F2:3A4B:1F2E3D:2B3C4D:67890ABC."
+    ),
+    "documentation_url": "https://docs.github.com/rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits",
+    "status": "403",
+}
+
+
+def quota_headers(remaining: int, reset_in_s: int = 1800) -> dict[str, str]:
+    """The primary-limit headers GitHub sends on every answer."""
+    return {
+        "x-ratelimit-limit": "5000",
+        "x-ratelimit-remaining": str(remaining),
+        "x-ratelimit-reset": str(int(time.time()) + reset_in_s),
+        "x-ratelimit-used": str(5000 - remaining),
+        "x-ratelimit-resource": "core",
+        "x-github-request-id": "C8F2:3A4B:1F2E3D:2B3C4D:67890ABC",
+    }
+
+
+def test_github_403_secondary_limit_with_quota_left_is_rate_limited_for_a_minute() -> None:
+    # No Retry-After and x-ratelimit-remaining not 0: GitHub says wait at least a minute (not until the reset).
+    recorder = Recorder(lambda request: httpx.Response(403, json=SECONDARY_LIMIT_BODY, headers=quota_headers(4321)))
+
+    with pytest.raises(RateLimited) as raised:
+        github(recorder).list_release_assets("acme/widget")
+
+    assert raised.value.retry_after_s == 60
+    assert "GITHUB_TOKEN" not in str(raised.value)
+    assert len(recorder.requests) == 1
+    assert recorder.sleeps == []
+
+
+def test_github_429_without_hints_is_rate_limited_for_a_minute() -> None:
+    body = {**SECONDARY_LIMIT_BODY, "status": "429"}
+    recorder = Recorder(lambda request: httpx.Response(429, json=body))
+
+    with pytest.raises(RateLimited) as raised:
+        github(recorder).list_release_assets("acme/widget")
+
+    assert raised.value.retry_after_s >= 60
+    assert len(recorder.requests) == 1
+    assert recorder.sleeps == []
+
+
+def test_github_secondary_limit_with_a_short_retry_after_is_waited_out() -> None:
+    answers = iter(
+        [
+            httpx.Response(403, json=SECONDARY_LIMIT_BODY, headers={**quota_headers(4321), "retry-after": "5"}),
+            httpx.Response(200, json=[github_release(201, "v2.0.0", [github_asset(901, "widget-2.tar.gz", 15)])]),
+        ]
+    )
+    recorder = Recorder(lambda request: next(answers))
+
+    result = github(recorder).list_release_assets("acme/widget")
+
+    assert [a.asset_id for a in result.assets] == [901]
+    assert recorder.sleeps == [5.0]
+
+
+def test_github_403_without_rate_limit_signs_is_a_permission_error() -> None:
+    body = {
+        "message": "Resource not accessible by personal access token",
+        "documentation_url": "https://docs.github.com/rest/releases/releases#list-releases",
+        "status": "403",
+    }
+    recorder = Recorder(lambda request: httpx.Response(403, json=body, headers=quota_headers(4321)))
+
+    with pytest.raises(ServiceError, match="GITHUB_TOKEN") as raised:
+        github(recorder).list_release_assets("acme/widget")
+
+    assert not isinstance(raised.value, RateLimited)
+    assert raised.value.status == 403
+    assert len(recorder.requests) == 1
+
+
+def test_github_absurd_reset_is_capped_at_a_day() -> None:
+    headers = {**quota_headers(0), "x-ratelimit-reset": "99999999999999"}
+    recorder = Recorder(
+        lambda request: httpx.Response(403, json={"message": "API rate limit exceeded"}, headers=headers)
+    )
+
+    with pytest.raises(RateLimited) as raised:
+        github(recorder).list_release_assets("acme/widget")
+
+    assert raised.value.retry_after_s == 24 * 3600
+    assert recorder.sleeps == []
+
+
+MOVED_URL = "https://api.github.com/repositories/4711/releases?per_page=100"
+
+
+def moved_permanently(location: str) -> httpx.Response:
+    body = {
+        "message": "Moved Permanently",
+        "url": location,
+        "documentation_url": "https://docs.github.com/v3/#http-redirects",
+    }
+    return httpx.Response(301, json=body, headers={"location": location})
+
+
+def test_github_follows_a_moved_repository_and_reports_where_it_went() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if str(request.url) == RELEASES_URL:
+            return moved_permanently(MOVED_URL)
+        if str(request.url) == MOVED_URL:
+            releases = [github_release(201, "v2.0.0", [github_asset(901, "widget-2.tar.gz", 15)])]
+            return httpx.Response(200, json=releases, headers={"etag": '"moved"'})
+        return httpx.Response(404, json={"message": "Not Found"})
+
+    recorder = Recorder(handler)
+    result = github(recorder).list_release_assets("acme/widget")
+
+    assert [str(r.url) for r in recorder.requests] == [RELEASES_URL, MOVED_URL]
+    assert recorder.requests[1].headers["authorization"] == "Bearer ghp_test"
+    assert result.moved_to == MOVED_URL
+    assert result.etag == '"moved"'
+    # Snapshots stay under the configured name, so the repository's download history continues.
+    assert [(a.repo, a.asset_id, a.download_count) for a in result.assets] == [("acme/widget", 901, 15)]
+
+
+def test_github_a_moved_repository_still_revalidates_its_etag() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if str(request.url) == RELEASES_URL:
+            return moved_permanently(MOVED_URL)
+        assert request.headers["if-none-match"] == '"abc123"'
+        return httpx.Response(304, headers={"etag": '"abc123"'})
+
+    recorder = Recorder(handler)
+    result = github(recorder).list_release_assets("acme/widget", etag='"abc123"')
+
+    assert result.not_modified and result.moved_to == MOVED_URL
+    assert len(recorder.requests) == 2
+
+
+def test_github_temporary_redirect_is_followed_but_not_reported_as_moved() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if str(request.url) == RELEASES_URL:
+            return httpx.Response(307, headers={"location": MOVED_URL})
+        return httpx.Response(200, json=[])
+
+    result = github(Recorder(handler)).list_release_assets("acme/widget")
+
+    assert result.moved_to is None
+
+
+@pytest.mark.parametrize(
+    "location",
+    [
+        "https://evil.example/repositories/4711/releases?per_page=100",
+        "http://api.github.com/repositories/4711/releases?per_page=100",  # the token would go out in clear
+        "https://api.github.com:8443/repositories/4711/releases?per_page=100",
+    ],
+)
+def test_github_refuses_a_redirect_off_the_configured_api(location: str) -> None:
+    recorder = Recorder(lambda request: moved_permanently(location))
+
+    with pytest.raises(ServiceError, match=r"off the configured API .*not followed") as raised:
+        github(recorder).list_release_assets("acme/widget")
+
+    assert raised.value.status == 301
+    assert len(recorder.requests) == 1
+
+
+def test_github_enterprise_redirect_must_stay_under_the_api_path() -> None:
+    recorder = Recorder(lambda request: moved_permanently("https://ghe.example.com/other/repositories/4711/releases"))
+
+    with pytest.raises(ServiceError, match="not followed"):
+        github(recorder, base_url="https://ghe.example.com/api/v3").list_release_assets("acme/widget")
+
+    assert [str(r.url) for r in recorder.requests] == [
+        "https://ghe.example.com/api/v3/repos/acme/widget/releases?per_page=100"
+    ]
+
+
+def test_github_gives_up_after_a_few_redirects() -> None:
+    hops = iter(range(100))
+    recorder = Recorder(lambda request: moved_permanently(f"/repositories/{next(hops)}/releases"))
+
+    with pytest.raises(ServiceError, match="more than 3 redirects"):
+        github(recorder).list_release_assets("acme/widget")
+
+    assert len(recorder.requests) == 4
 
 
 def test_github_401_names_the_token_env_var() -> None:

@@ -13,7 +13,13 @@ import dagster as dg
 import httpx
 from pydantic import Field
 
-from marketing_pipelines.http import ServiceError, describe_error_response, send_with_retries
+from marketing_pipelines.http import (
+    RetryPolicy,
+    ServiceError,
+    describe_error_response,
+    is_rate_limited,
+    send_with_retries,
+)
 from marketing_pipelines.measurement.importers.base import response_json
 
 SERVICE = "github"
@@ -21,6 +27,29 @@ TOKEN_ENV = "GITHUB_TOKEN"
 # GitHub's largest page for the releases list.
 PER_PAGE = 100
 _REPO_PATTERN = re.compile(r"[A-Za-z0-9-]+/[A-Za-z0-9._-]+")
+# GitHub answers a renamed or transferred repository with 301 (update the name) and may use the other
+# redirect codes temporarily. A few hops at most, and only within the configured API root.
+PERMANENT_REDIRECTS = frozenset({301, 308})
+REDIRECTS = PERMANENT_REDIRECTS | {302, 303, 307}
+MAX_REDIRECTS = 3
+# "You have exceeded a secondary rate limit" (older servers: "abuse detection mechanism").
+_SECONDARY_LIMIT_MESSAGES = ("secondary rate limit", "abuse detection")
+
+
+def is_github_rate_limited(response: httpx.Response) -> bool:
+    """GitHub's rate-limit answers: 429, a 403 with rate-limit headers, or a 403 whose message names a secondary
+    limit (it may come with quota left and no Retry-After, and is then no permission error)."""
+    if is_rate_limited(response):
+        return True
+    if response.status_code != 403:
+        return False
+    return any(phrase in _error_message(response).lower() for phrase in _SECONDARY_LIMIT_MESSAGES)
+
+
+# GitHub's rule: wait Retry-After seconds; else, with x-ratelimit-remaining 0, until x-ratelimit-reset; else at
+# least a minute (ignoring it may get the integration banned). A minute is not slept in-process: anything over
+# 30 s raises RateLimited, which the asset turns into a Dagster retry.
+GITHUB_RETRY_POLICY = RetryPolicy(max_wait_s=30.0, min_rate_limit_wait_s=60.0, is_rate_limited=is_github_rate_limited)
 
 
 @dataclass(frozen=True)
@@ -38,11 +67,16 @@ class ReleaseAssetSnapshot:
 
 @dataclass(frozen=True)
 class ReleaseAssetsResult:
-    """Every asset of a repository's releases, or ``not_modified`` when the ETag still matched."""
+    """Every asset of a repository's releases, or ``not_modified`` when the ETag still matched.
+
+    ``moved_to`` is the API URL GitHub permanently redirected the listing to (the repository was renamed or
+    transferred), None when it was not moved; the assets are still reported under the configured ``repo``.
+    """
 
     not_modified: bool
     etag: str | None
     assets: tuple[ReleaseAssetSnapshot, ...]
+    moved_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,12 +114,14 @@ class GitHubReleasesClient(dg.ConfigurableResource):
     def list_release_assets(self, repo: str, etag: str | None = None) -> ReleaseAssetsResult:
         """Every asset of every release of ``repo`` (``owner/name``), following ``Link: rel="next"`` pages.
 
-        With ``etag``, a first page GitHub answers 304 returns ``not_modified=True`` and no assets.
+        With ``etag``, a first page GitHub answers 304 returns ``not_modified=True`` and no assets. A renamed or
+        transferred repository (301 to ``/repositories/{id}/...``) is followed and reported in ``moved_to``.
         """
         if not _REPO_PATTERN.fullmatch(repo) or repo.split("/")[1] in (".", ".."):
             raise ValueError(f"repo must look like 'owner/name', got {repo!r}")
         assets: list[ReleaseAssetSnapshot] = []
         first_etag: str | None = None
+        moved_to: str | None = None
         pages = 0
         with self._client() as client:
             request = client.build_request(
@@ -93,9 +129,11 @@ class GitHubReleasesClient(dg.ConfigurableResource):
             )
             seen_urls: set[str] = set()
             while True:
-                response = send_with_retries(client, request, service=SERVICE, sleep=self._sleep)
+                response, moved = self._send(client, request, repo)
+                if pages == 0:
+                    moved_to = moved
                 if response.status_code == 304 and pages == 0:
-                    return ReleaseAssetsResult(not_modified=True, etag=etag, assets=())
+                    return ReleaseAssetsResult(not_modified=True, etag=etag, assets=(), moved_to=moved_to)
                 _raise_for_error(repo, response)
                 if pages == 0:
                     first_etag = response.headers.get("etag")
@@ -106,7 +144,7 @@ class GitHubReleasesClient(dg.ConfigurableResource):
                 if next_url is None:
                     break
                 request = client.build_request("GET", next_url, headers=self._headers(None))
-                if request.url.host != client.base_url.host:
+                if not _within_api(request.url, client.base_url):
                     # The next request carries the token; never send it to a host other than the configured API.
                     raise ServiceError(
                         SERVICE, f"pagination link for {repo} points off {client.base_url.host}: {next_url}"
@@ -116,7 +154,43 @@ class GitHubReleasesClient(dg.ConfigurableResource):
         # The ETag covers the first page only: an old release on a later page can gain downloads while page one
         # stays byte-identical, so a 304 for a many-page listing would hide those counts. Only a listing that fits
         # on one page is safe to revalidate.
-        return ReleaseAssetsResult(not_modified=False, etag=first_etag if pages == 1 else None, assets=tuple(assets))
+        return ReleaseAssetsResult(
+            not_modified=False, etag=first_etag if pages == 1 else None, assets=tuple(assets), moved_to=moved_to
+        )
+
+    def _send(self, client: httpx.Client, request: httpx.Request, repo: str) -> tuple[httpx.Response, str | None]:
+        """The response to ``request`` after following GitHub's redirects, and where a permanent one led.
+
+        A redirect is repeated with the same headers (token, ETag) only to a URL under the configured API root.
+        """
+        moved_to: str | None = None
+        for _hop in range(MAX_REDIRECTS + 1):
+            response = send_with_retries(
+                client, request, service=SERVICE, policy=GITHUB_RETRY_POLICY, sleep=self._sleep
+            )
+            if response.status_code not in REDIRECTS:
+                return response, moved_to
+            location = response.headers.get("location")
+            if not location:
+                raise ServiceError(
+                    SERVICE, f"HTTP {response.status_code} for {repo} without a Location header", response.status_code
+                )
+            target = request.url.join(location)
+            if not _within_api(target, client.base_url):
+                raise ServiceError(
+                    SERVICE,
+                    f"{repo} redirects (HTTP {response.status_code}) off the configured API {client.base_url}: "
+                    f"{location}; not followed",
+                    response.status_code,
+                )
+            if response.status_code in PERMANENT_REDIRECTS:
+                moved_to = str(target)
+                dg.get_dagster_logger().warning(
+                    f"GitHub repository {repo} moved permanently to {target}; update the campaign's github_repo."
+                )
+            headers = {name: value for name, value in request.headers.items() if name.lower() != "host"}
+            request = client.build_request("GET", target, headers=headers)
+        raise ServiceError(SERVICE, f"{repo}: more than {MAX_REDIRECTS} redirects; last to {request.url}")
 
     def _client(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=self.timeout_s)
@@ -176,8 +250,30 @@ def _raise_for_error(repo: str, response: httpx.Response) -> None:
             f"repository {repo!r} was not found, or {TOKEN_ENV} cannot see it (private repos need read access)",
             404,
         )
-    # Rate-limit 403s never get here: send_with_retries retries them or raises RateLimited.
+    # Rate-limit 403s (headers or a secondary-limit message) never get here: send_with_retries retries them or
+    # raises RateLimited, so a 403 left here is a permission problem.
     raise describe_error_response(SERVICE, response, credential_hint=TOKEN_ENV)
+
+
+def _within_api(url: httpx.URL, base_url: httpx.URL) -> bool:
+    """Same scheme, host and port as the configured API root, and under its path (GitHub Enterprise: /api/v3/)."""
+    base_path = base_url.path if base_url.path.endswith("/") else base_url.path + "/"
+    return (
+        (url.scheme, url.host, url.port) == (base_url.scheme, base_url.host, base_url.port)
+        and (url.path + "/").startswith(base_path)
+        and "/../" not in url.path + "/"
+    )
+
+
+def _error_message(response: httpx.Response) -> str:
+    """GitHub's ``message`` field, or the start of the body when it is not the usual JSON error."""
+    try:
+        payload = response.json()
+    except ValueError:
+        return response.text[:300]
+    if isinstance(payload, dict) and isinstance(payload.get("message"), str):
+        return payload["message"]
+    return response.text[:300]
 
 
 def _parse_releases(repo: str, payload: Any) -> list[ReleaseAssetSnapshot]:

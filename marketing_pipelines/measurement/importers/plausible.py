@@ -11,7 +11,7 @@ import dagster as dg
 import httpx
 from pydantic import Field
 
-from marketing_pipelines.http import ServiceError, describe_error_response, send_with_retries
+from marketing_pipelines.http import RateLimited, RetryPolicy, ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.measurement.importers.base import ImporterNotConfigured, response_json
 
 SERVICE = "plausible"
@@ -25,6 +25,12 @@ DIMENSIONS = ("time:day", "visit:utm_campaign", "event:page")
 NO_CAMPAIGN = "(not set)"
 # The API's own ceiling for pagination.limit.
 MAX_PAGE_SIZE = 10_000
+# Plausible limits each API key to N requests per hour (600 by default) and answers 429 with no Retry-After and
+# no rate-limit headers, only {"error": "Too many API requests. Your API key is limited to 600 requests per hour."}.
+# A retry within the hour only spends more of the same window, so a 429 is never retried in-process: the one
+# request fails the partition at once (5xx and transport errors are still retried with backoff).
+RATE_LIMIT_WINDOW_S = 3600.0
+PLAUSIBLE_RETRY_POLICY = RetryPolicy(min_rate_limit_wait_s=RATE_LIMIT_WINDOW_S)
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,17 @@ class PlausibleClient(dg.ConfigurableResource):
         request = client.build_request(
             "POST", QUERY_PATH, json=body, headers={"Authorization": f"Bearer {self.api_key}"}
         )
-        response = send_with_retries(client, request, service=SERVICE, sleep=self._sleep)
+        try:
+            response = send_with_retries(
+                client, request, service=SERVICE, policy=PLAUSIBLE_RETRY_POLICY, sleep=self._sleep
+            )
+        except RateLimited as exc:
+            # A ServiceError, not RateLimited: the asset fails the partition instead of turning it into a Dagster
+            # retry that would hold the run for the rest of the hour (or hammer a window that has not reset).
+            when = "after the hour" if exc.retry_after_s >= RATE_LIMIT_WINDOW_S else f"in {exc.retry_after_s:.0f}s"
+            raise ServiceError(
+                SERVICE, f"rate limited by Plausible (hourly request limit); retry {when}: {exc.detail}", 429
+            ) from exc
         if response.status_code in (401, 403):
             # Plausible answers a wrong site_id with the same 401 as a wrong key.
             raise describe_error_response(
