@@ -117,11 +117,14 @@ def _perform_one(
     except Exception as exc:  # a bug in one action must cost only its own execution
         context.log.error(f"{label}: unexpected error\n{redact_urls(''.join(traceback.format_exception(exc)))}")
         error = redact_urls(f"internal error: {type(exc).__name__}: {exc}")
-    if keeper.is_lost(execution_id):
+    # Stop renewing first: a renewal racing the outcome's commit would see the row finished and
+    # report a lost lease that was not lost. The outcome's own WHERE still fences it.
+    lost = keeper.is_lost(execution_id)
+    keeper.release(execution_id)
+    if lost:
         status, state = None, "lost its lease while the action ran"
     else:
         status, state = _record(engine, row, owner, error, settings, final=refused)
-    keeper.release(execution_id)
     seconds = time.monotonic() - began
 
     def outcome(kind: str, detail: str) -> ExecutionOutcome:
