@@ -28,20 +28,22 @@ BARE = sa.text("UPDATE model_token_bucket SET tokens = tokens - 1 WHERE provider
 
 def _worker(url: str, mode: str, seconds: float, start: Any, out: Any) -> None:
     engine = get_engine(url)
-    admitted: list[float] = []
+    admitted: list[tuple[float, float]] = []
     with engine.connect():
         pass  # open the pooled connection before the clock starts
     start.wait()
     stop_at = time.time() + seconds
     while time.time() < stop_at:
+        before = time.time()
         with engine.begin() as conn:
             ok = tb.try_acquire(conn, "bench") if mode == "bucket" else conn.execute(BARE).first() is not None
         if ok:
-            admitted.append(time.time())
+            # The bucket's own clock read for this admission lies between these two times.
+            admitted.append((before, time.time()))
     out.put(admitted)
 
 
-def _measure(url: str, mode: str, processes: int, seconds: float) -> tuple[float, list[float], float]:
+def _measure(url: str, mode: str, processes: int, seconds: float) -> tuple[float, list[tuple[float, float]], float]:
     ctx = mp.get_context("spawn")
     # The clock starts when every process has imported and connected (a barrier, not a guess).
     start, out = ctx.Barrier(processes + 1, timeout=300), ctx.Queue()
@@ -50,7 +52,7 @@ def _measure(url: str, mode: str, processes: int, seconds: float) -> tuple[float
         p.start()
     start.wait()
     began = time.time()
-    admitted = sorted(t for _ in procs for t in out.get(timeout=300))
+    admitted = sorted((pair for _ in procs for pair in out.get(timeout=300)), key=lambda pair: pair[1])
     for p in procs:
         p.join()
     return len(admitted) / seconds, admitted, began
@@ -73,14 +75,21 @@ def main() -> None:
         with throwaway_database(database) as url:
             rows = []
             for processes in args.processes:
-                big = 1e12  # never empties: measures the statement, not the limit
-                _configure(url, big * 60, big)
+                # The largest bucket the project accepts: a million tokens do not run out in a few
+                # seconds, so this measures the statement, not the limit.
+                _configure(url, tb.MAX_CALLS_PER_MINUTE, tb.MAX_BURST)
                 bucket, _, _ = _measure(url, "bucket", processes, args.seconds)
-                _configure(url, big * 60, big)
+                _configure(url, tb.MAX_CALLS_PER_MINUTE, tb.MAX_BURST)
                 bare, _, _ = _measure(url, "bare", processes, args.seconds)
                 capacity, rate = 5.0, args.limited_rate
                 _configure(url, rate * 60, capacity)
-                _, admitted, began = _measure(url, "bucket", processes, args.seconds)
+                _, pairs, began = _measure(url, "bucket", processes, args.seconds)
+                # As in agents/test_token_bucket.py: the bucket held at most `capacity` when the first
+                # admission's clock was read (a worker may pass the barrier before this process reads
+                # its clock), and each admission's clock reading lies before its `after` time.
+                # On SQLite the bucket's clock has millisecond resolution (it reads truncated times).
+                began = min([began, *(before for before, _ in pairs)]) - (0.001 if database == "sqlite" else 0.0)
+                admitted = [after for _, after in pairs]
                 over = sum(1 for i, t in enumerate(admitted) if i + 1 > capacity + rate * (t - began) + 1e-6)
                 allowed = capacity + rate * ((admitted[-1] if admitted else began) - began)
                 rows.append((processes, bucket, bare, bucket / bare, len(admitted), allowed, over))
