@@ -85,9 +85,10 @@ class WebhookClient(dg.ConfigurableResource):
         # Connect to the address that was checked; Host and the TLS server name keep the name.
         ip_host = f"[{address}]" if address.version == 6 else str(address)
         pinned = urlunsplit((parts.scheme, f"{ip_host}:{port}", parts.path or "/", parts.query, ""))
-        host_header = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+        named = f"[{host}]" if ":" in host else host  # an IPv6 literal keeps its brackets in Host
+        host_header = named if parts.port is None else f"{named}:{parts.port}"
         extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
-        request_headers = {**headers, "Host": host_header or ip_host}
+        request_headers = {**headers, "Host": host_header}
         return asyncio.run(self._post(pinned, body, request_headers, extensions))
 
     async def _post(

@@ -240,3 +240,38 @@ def test_url_credentials_and_query_are_redacted_wherever_shown(
 def test_redact_url(raw: str, shown: str) -> None:
     assert redact_url(raw) == shown
     assert redact_urls(f"webhook {raw} failed") == f"webhook {shown} failed"
+
+
+def test_the_request_goes_to_the_checked_address_with_the_hosts_name(tmp_path: Any) -> None:
+    # Sent to the address the policy checked; the Host header still names the URL's host (here an
+    # IPv6 literal, which keeps its brackets there).
+    import http.server
+
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            seen.append(self.headers["Host"])
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    class V6Server(http.server.HTTPServer):
+        address_family = socket.AF_INET6
+
+    server = V6Server(("::1", 0), Handler)
+    thread = threading.Thread(target=server.handle_request, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    ctx = ActionContext(7, 1, "spring-launch", "launch", logging.getLogger("test"))
+    client = WebhookClient(timeout_s=5, allow_networks=["::1/128"])
+    try:
+        result = WebhookAction().run(ctx, {"url": f"http://[::1]:{port}/hook"}, client)
+    finally:
+        thread.join(timeout=5)
+        server.server_close()
+    assert result["status_code"] == 204
+    assert seen == [f"[::1]:{port}"]
