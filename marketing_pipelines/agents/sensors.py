@@ -4,6 +4,8 @@
 (or fails to do) can leave a claimed agent run without a run, and the other way round.
 """
 
+import json
+
 import dagster as dg
 import sqlalchemy as sa
 
@@ -33,7 +35,7 @@ _settings = Settings.from_env()
 
 
 def ensure_pool_limit(instance: dg.DagsterInstance, limit: int) -> bool:
-    """Make the agent_runs pool's limit equal the setting; True when it had to change."""
+    """Make the agent_runs pool's limit equal ``limit``; True when it had to change."""
     info = instance.event_log_storage.get_concurrency_info(POOL)
     if info.slot_count == limit and not getattr(info, "using_default_limit", False):
         return False
@@ -97,13 +99,32 @@ def reconcile_agent_run(engine: sa.Engine, run: dg.DagsterRun, outcome: str, rea
         return retry_or_fail(conn, AGENT_RUNS, int(agent_run_id), owners, reason, 0, run_id=run.run_id)
 
 
+def _pool_limit(context: dg.SensorEvaluationContext, setting: int) -> int:
+    """The agent_runs limit in force: the setting when it is new or changed, else the instance's own.
+
+    The setting is applied once (the sensor's cursor remembers which value it applied), not on every
+    tick: a limit an operator edits in the UI (Deployment > Concurrency) stands until
+    MARKETING_MAX_CONCURRENT_AGENT_RUNS itself changes, instead of being silently set back.
+    """
+    if context.instance is None:
+        return setting
+    applied = json.loads(context.cursor)["applied_pool_limit"] if context.cursor else None
+    if applied != setting:
+        if ensure_pool_limit(context.instance, setting):
+            context.log.info(f"Set the agent_runs pool limit to {setting} (MARKETING_MAX_CONCURRENT_AGENT_RUNS).")
+        context.update_cursor(json.dumps({"applied_pool_limit": setting}))
+        return setting
+    return context.instance.event_log_storage.get_concurrency_info(POOL).slot_count
+
+
 @dg.sensor(
     name="queued_agent_runs_sensor",
     jobs=[agent_run_job],
     minimum_interval_seconds=_settings.sensor_interval_seconds,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description=(
-        "Applies the agent_runs pool limit, recovers expired agent-run leases and claims as many queued agent "
+        "Applies MARKETING_MAX_CONCURRENT_AGENT_RUNS to the agent_runs pool when it changes (a UI edit stands "
+        "until then), recovers expired agent-run leases and claims as many queued agent "
         "runs as the pool has free slots (FOR UPDATE SKIP LOCKED on PostgreSQL), one run each. Safe to evaluate "
         "on many replicas at once."
     ),
@@ -116,14 +137,9 @@ def queued_agent_runs_sensor(
         engine = app_db.ready_engine()
     except (SchemaNotReady, DatabaseUnavailable) as exc:
         return dg.SkipReason(str(exc))
-    if context.instance is not None and ensure_pool_limit(context.instance, settings.max_concurrent_agent_runs):
-        context.log.info(f"Set the agent_runs pool limit to {settings.max_concurrent_agent_runs}.")
+    pool_limit = _pool_limit(context, settings.max_concurrent_agent_runs)
     requests, summary = claim_agent_run_requests(
-        engine,
-        new_claim_owner(),
-        settings.sensor_batch_size,
-        settings.max_concurrent_agent_runs,
-        settings.agent_lease_grace_seconds,
+        engine, new_claim_owner(), settings.sensor_batch_size, pool_limit, settings.agent_lease_grace_seconds
     )
     if not requests:
         return dg.SkipReason(f"Nothing to start ({summary}).")

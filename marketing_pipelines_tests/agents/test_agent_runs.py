@@ -278,3 +278,24 @@ def test_anthropic_provider_drives_the_loop_with_tool_use(
     row = _row(people, run_id)
     assert row["output"]["text"] == "Spring launch: ship it."
     assert ("tool_result", "read_campaign") in _steps(people, run_id)
+
+
+def test_a_pool_limit_edited_in_the_ui_stands_until_the_setting_changes(
+    people: sa.Engine, db_url: str, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MARKETING_MAX_CONCURRENT_AGENT_RUNS", "2")
+    ids = [_request(people) for _ in range(6)]
+    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
+    storage = instance.event_log_storage
+    assert isinstance(queued_agent_runs_sensor(context), dg.SensorResult)
+    assert storage.get_concurrency_info("agent_runs").slot_count == 2  # the setting, applied once
+    # An operator raises the limit in the UI (Deployment > Concurrency > Edit limit).
+    storage.set_concurrency_slots("agent_runs", 5)
+    second = queued_agent_runs_sensor(context)
+    assert storage.get_concurrency_info("agent_runs").slot_count == 5  # not set back to 2
+    # ... and the sensor claims by the limit in force: 5 - 2 RUNNING = 3 more.
+    assert [r.tags["marketing/agent_run_id"] for r in second.run_requests] == [str(i) for i in ids[2:5]]
+    # Changing the setting itself is a new decision: applied at the next tick.
+    monkeypatch.setenv("MARKETING_MAX_CONCURRENT_AGENT_RUNS", "3")
+    queued_agent_runs_sensor(context)
+    assert storage.get_concurrency_info("agent_runs").slot_count == 3
