@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -25,9 +24,10 @@ from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import list_agent_runs, request_agent_run
 from marketing_pipelines.agents.sensors import TAG_AGENT_RUN_ID
 from marketing_pipelines.db.campaigns import Campaign, InvalidInput, upsert_campaign
-from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.migrate import upgrade
+from marketing_pipelines.db.engine import get_engine, sqlite_path
+from marketing_pipelines.db.migrate import current_revision, upgrade
 from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.queue import list_executions, schedule_execution
@@ -86,44 +86,65 @@ def run_demo(days: int = 7, echo: Echo = print) -> None:
     settings = Settings.from_env()
     url = settings.resolved_database_url
     engine = get_engine(url)
-    echo(f"[1/4] Database {engine.url.render_as_string(hide_password=True)}: applying migrations")
+    where = engine.url.render_as_string(hide_password=True)
+    path = sqlite_path(engine)
+    before = current_revision(engine) if path is None or path.exists() else None
     upgrade(engine)
+    after = current_revision(engine)
+    echo(f"[1/4] Database {where}: " + (f"schema current ({after})" if before == after else f"migrated to {after}"))
 
     with _demo_receiver() as (hook_url, received):
-        echo("[2/4] Seeding campaigns and due executions")
-        batch = uuid.uuid4().hex[:8]
+        echo("[2/4] Seeding campaigns and due executions (a second demo reuses what the first one seeded)")
         now = datetime.now(UTC)
+        wanted = [
+            (
+                f"demo:{c.id}:{stage}",
+                {
+                    "campaign_id": c.id,
+                    "stage": stage,
+                    "action": "log",
+                    "payload": {"message": f"{c.name}: post the {stage} announcement"},
+                },
+            )
+            for c in DEMO_CAMPAIGNS
+            for stage in ("awareness", "launch")
+        ]
+        wanted.append(
+            (
+                "demo:webhook",
+                {
+                    "campaign_id": "spring-launch",
+                    "stage": "follow-up",
+                    "action": "webhook",
+                    "payload": {"url": hook_url, "body": {"text": "Spring launch follow-up"}},
+                },
+            )
+        )
+        scheduled, reused = [], []
         with engine.begin() as conn:
             for campaign in DEMO_CAMPAIGNS:
                 upsert_campaign(conn, campaign)
-            scheduled = [
-                schedule_execution(
-                    conn,
-                    campaign_id=c.id,
-                    stage=stage,
-                    action="log",
-                    due_at=now - timedelta(minutes=1),
-                    payload={"message": f"{c.name}: post the {stage} announcement"},
-                    dedupe_key=f"demo:{batch}:{c.id}:{stage}",
+            for key, fields in wanted:
+                existing = conn.execute(
+                    sa.select(marketing_execution.c.id).where(marketing_execution.c.dedupe_key == key)
+                ).scalar_one_or_none()
+                if existing is not None:
+                    reused.append(existing)
+                    continue
+                scheduled.append(
+                    schedule_execution(
+                        conn, due_at=now - timedelta(minutes=1), dedupe_key=key, egress=DEMO_EGRESS, **fields
+                    )
                 )
-                for c in DEMO_CAMPAIGNS
-                for stage in ("awareness", "launch")
-            ]
-            scheduled.append(
-                schedule_execution(
-                    conn,
-                    campaign_id="spring-launch",
-                    stage="follow-up",
-                    action="webhook",
-                    due_at=now - timedelta(minutes=1),
-                    payload={"url": hook_url, "body": {"text": "Spring launch follow-up"}},
-                    dedupe_key=f"demo:{batch}:webhook",
-                    egress=DEMO_EGRESS,
-                )
-            )
-        echo(f"      scheduled executions {scheduled}")
-        requested, refused = _seed_agent_runs(engine, settings)
-        echo(f"      queued agent runs {requested} (ana may schedule executions; ben may only read spring-launch)")
+        echo(f"      scheduled executions {scheduled}" + (f"; reused {reused}" if reused else ""))
+        scheduled += reused
+        requested, reused_runs, refused = _seed_agent_runs(engine, settings)
+        echo(
+            f"      queued agent runs {requested}"
+            + (f"; reused {reused_runs}" if reused_runs else "")
+            + " (ana may schedule executions; ben may only read spring-launch)"
+        )
+        requested += reused_runs
         for reason in refused:
             echo(f"      refused at request time: {reason}")
 
@@ -158,7 +179,7 @@ def run_demo(days: int = 7, echo: Echo = print) -> None:
     echo("      See one transcript with: marketing-pipelines agents show " + str(min(requested)))
 
 
-def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], list[str]]:
+def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], list[int], list[str]]:
     """Two users with different permissions, and agent runs that exercise both."""
     grants = {
         "ana": [(p, None) for p in ("campaign:read", "measurement:read", "execution:read", "execution:write")],
@@ -180,8 +201,18 @@ def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], 
             # ben holds nothing on dev-tools-beta: refused when requested, nothing queued.
             ("campaign_brief", "dev-tools-beta", "ben", {"stage": "awareness"}),
         ]
-        ids, refused = [], []
+        ids, reused, refused = [], [], []
         for agent, campaign_id, user_id, given in requests:
+            # The same request from an earlier demo: reuse it (its follow-up execution, if any, was
+            # scheduled with the agent run's own dedupe key, so nothing is added twice).
+            earlier = [
+                r["id"]
+                for r in list_agent_runs(conn, requested_by=user_id, limit=10_000)
+                if (r["agent"], r["campaign_id"], r["input"]) == (agent, campaign_id, given)
+            ]
+            if earlier:
+                reused.append(min(earlier))
+                continue
             try:
                 with conn.begin_nested():
                     ids.append(
@@ -197,7 +228,7 @@ def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], 
                     )
             except InvalidInput as exc:
                 refused.append(str(exc))
-        return ids, refused
+        return ids, reused, refused
 
 
 def _drain(
