@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -72,10 +73,83 @@ def _demo_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 DEMO_EGRESS = EgressPolicy(parse_networks("127.0.0.1/32"))
 
 
-def demo_instance() -> dg.DagsterInstance:
-    home = Path.cwd() / DEFAULT_DB_DIR / "dagster_home"
+# The instance config of the demo's Dagster home, the one `marketing-pipelines ui` opens too: the
+# repository's dagster.yaml settings (telemetry off, run monitoring, pools, the fast run queue).
+DAGSTER_YAML = """\
+# Written by marketing-pipelines for the demo and `marketing-pipelines ui`; the same settings as the
+# repository's dagster.yaml. Storage: SQLite files in this folder.
+run_coordinator:
+  module: dagster.core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
+    dequeue_interval_seconds: 1
+    dequeue_use_threads: true
+    dequeue_num_workers: 4
+sensors:
+  use_threads: true
+  num_workers: 4
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 5
+  start_timeout_seconds: 180
+  free_slots_after_run_end_seconds: 15
+concurrency:
+  pools:
+    default_limit: 4
+    granularity: op
+  runs:
+    max_concurrent_runs: 10
+telemetry:
+  enabled: false
+"""
+
+
+def dagster_home(cwd: Path | None = None) -> Path:
+    """``.marketing/dagster_home`` beside the embedded database, with its dagster.yaml (written once)."""
+    home = (cwd or Path.cwd()) / DEFAULT_DB_DIR / "dagster_home"
     home.mkdir(parents=True, exist_ok=True)
-    return dg.DagsterInstance.local_temp(tempdir=str(home))
+    config = home / "dagster.yaml"
+    if not config.exists():
+        config.write_text(DAGSTER_YAML)
+    return home
+
+
+def demo_instance() -> dg.DagsterInstance:
+    return dg.DagsterInstance.from_config(str(dagster_home()))
+
+
+def daemon_running(instance: dg.DagsterInstance, within_s: float = 60.0) -> bool:
+    """Whether a dagster-daemon (e.g. `marketing-pipelines ui`) is serving this instance right now."""
+    beats = instance.get_daemon_heartbeats()
+    sensor = beats.get("SENSOR")
+    return sensor is not None and time.time() - sensor.timestamp < within_s
+
+
+def _wait_for_daemon(
+    engine: sa.Engine, execution_ids: list[int], agent_run_ids: list[int], echo: Echo, timeout_s: float = 240
+) -> None:
+    """Let the running daemon claim and run the demo's work; wait (bounded) until it is done."""
+    from marketing_pipelines.db.schema import agent_run
+
+    deadline = time.monotonic() + timeout_s
+    pending: list[str] = []
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            e = marketing_execution
+            waiting = conn.execute(
+                sa.select(e.c.id).where(e.c.id.in_(execution_ids), e.c.status.in_(["SCHEDULED", "RUNNING"]))
+            ).scalars()
+            pending = [f"execution {i}" for i in waiting]
+            runs = conn.execute(
+                sa.select(agent_run.c.id).where(
+                    agent_run.c.id.in_(agent_run_ids), agent_run.c.status.in_(["QUEUED", "RUNNING"])
+                )
+            ).scalars()
+            pending += [f"agent run {i}" for i in runs]
+        if not pending:
+            return
+        time.sleep(1)
+    echo(f"      still waiting after {timeout_s:.0f}s: {', '.join(pending)}; the UI's runs page shows why")
 
 
 def run_demo(days: int = 7, echo: Echo = print) -> None:
@@ -152,13 +226,20 @@ def run_demo(days: int = 7, echo: Echo = print) -> None:
         with demo_instance() as instance:
             # Measurement first, so the agents' read_measurement tool finds the rollup.
             run_measurement_demo(engine, instance, echo, days)
-            resources = {
-                "app_db": AppDatabase(url=url),
-                "webhook": WebhookClient(timeout_s=5, allow_networks=[str(n) for n in DEMO_EGRESS.allow]),
-                "models": ModelGateway(),
-            }
-            launched = _drain(instance, [due_executions_sensor, queued_agent_runs_sensor], defs, resources, echo)
-        echo(f"      {launched} runs finished; the webhook receiver got {len(received)} request(s)")
+            if daemon_running(instance):
+                # `marketing-pipelines ui` is up on this instance: its daemon claims the work (two
+                # claimers are safe, but the demo's receiver must outlive whichever runs the webhook).
+                echo("      the UI's dagster-daemon is running on this instance: it claims and runs the work")
+                _wait_for_daemon(engine, scheduled, requested, echo)
+            else:
+                resources = {
+                    "app_db": AppDatabase(url=url),
+                    "webhook": WebhookClient(timeout_s=5, allow_networks=[str(n) for n in DEMO_EGRESS.allow]),
+                    "models": ModelGateway(),
+                }
+                launched = _drain(instance, [due_executions_sensor, queued_agent_runs_sensor], defs, resources, echo)
+                echo(f"      {launched} runs finished")
+        echo(f"      the webhook receiver got {len(received)} request(s)")
 
     echo("[4/4] Outcomes")
     with engine.connect() as conn:
