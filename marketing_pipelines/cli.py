@@ -533,6 +533,14 @@ def report_command(campaign_id: str, start: str | None, end: str | None, fmt: st
     with ready_conn() as conn:
         result = measurement_report(conn, campaign_id, first, last, stage_order=order)
     click.echo(render(result, fmt).rstrip("\n"))
+    partitions_start = settings().measurement_start_date
+    if first is not None and first < partitions_start:
+        # Those days have no partition to materialize: the suggestion above cannot apply to them.
+        click.echo(
+            f"note: days before {partitions_start} are outside the measurement partitions "
+            "(MARKETING_MEASUREMENT_START_DATE) and are never rolled up",
+            err=True,
+        )
 
 
 # --- users ------------------------------------------------------------------------------------
@@ -788,7 +796,11 @@ def limits_show(as_json: bool) -> None:
     with ready_conn() as conn:
         for provider in PROVIDER_NAMES:
             ensure_bucket(conn, provider, s.max_model_calls_per_minute)
-        rows = [{**b.__dict__, "calls_per_minute": b.calls_per_minute} for b in list_buckets(conn)]
+        # Tokens refill continuously; two decimals say as much as 55.05801618099213 does.
+        rows = [
+            {**b.__dict__, "calls_per_minute": round(b.calls_per_minute, 2), "tokens": round(b.tokens, 2)}
+            for b in list_buckets(conn)
+        ]
     emit_rows(rows, ["provider", "calls_per_minute", "capacity", "tokens", "updated_at"], as_json)
     click.echo(f"agent_runs pool limit: {s.max_concurrent_agent_runs} (MARKETING_MAX_CONCURRENT_AGENT_RUNS)")
 

@@ -229,3 +229,28 @@ def test_executions_show_of_an_unknown_id_is_one_line(ready_db: Path) -> None:
     result = run("executions", "show", "999")
     assert result.exit_code == 1
     assert result.output.strip() == "Error: execution 999 does not exist; see marketing-pipelines executions list"
+
+
+def test_limits_show_rounds_and_report_names_days_outside_the_partitions(ready_db: Path) -> None:
+    from marketing_pipelines.agents import token_bucket
+    from marketing_pipelines.db.engine import get_engine
+
+    run("limits", "show")  # creates the buckets
+    with get_engine(f"sqlite:///{ready_db}").begin() as conn:
+        assert token_bucket.try_acquire(conn, "openai")  # leaves a refilling fraction, e.g. 59.0058...
+    listed = json.loads(run("limits", "show", "--json").output.split("\nagent_runs pool")[0])
+    openai = next(row for row in listed if row["provider"] == "openai")
+    assert 59 <= openai["tokens"] < 60 and round(openai["tokens"], 2) == openai["tokens"]
+    result = run("report", "--campaign", "spring-launch", "--from", "2025-01-01", "--to", "2025-01-31")
+    assert result.exit_code == 0
+    assert "note: days before 2026-01-01 are outside the measurement partitions" in result.output
+
+
+def test_loading_the_definitions_prints_no_beta_warning_about_sensor_owners() -> None:
+    import subprocess
+    import sys
+
+    code = "import marketing_pipelines.definitions as d; d.defs.get_repository_def()"
+    done = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "owners" not in done.stderr
