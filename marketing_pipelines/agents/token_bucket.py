@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
 from marketing_pipelines.db.campaigns import InvalidInput
+from marketing_pipelines.db.engine import insert_ignoring_conflicts
 from marketing_pipelines.db.schema import model_token_bucket as bucket
 from marketing_pipelines.db.types import UTCDateTime
 
@@ -110,13 +110,8 @@ def _create_bucket(
     ``ON CONFLICT DO NOTHING``: run workers starting at once all create a provider's first bucket,
     and a read-then-insert lets two of them insert (seen: UniqueViolation failing an agent run).
     """
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    stmt = (
-        insert(bucket)
-        .values(
-            provider=provider, capacity=capacity, refill_per_second=refill_per_second, tokens=capacity, updated_at=now
-        )
-        .on_conflict_do_nothing(index_elements=[bucket.c.provider])
+    stmt = insert_ignoring_conflicts(conn, bucket, bucket.c.provider).values(
+        provider=provider, capacity=capacity, refill_per_second=refill_per_second, tokens=capacity, updated_at=now
     )
     return conn.execute(stmt).rowcount == 1
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -115,3 +116,13 @@ def check_connection(engine: sa.Engine) -> None:
 
 def is_postgres(conn_or_engine: sa.Connection | sa.Engine) -> bool:
     return conn_or_engine.dialect.name == "postgresql"
+
+
+def insert_ignoring_conflicts(conn: sa.Connection, table: sa.Table, *index_elements: sa.Column[Any]) -> Any:
+    """``INSERT ... ON CONFLICT DO NOTHING`` on either database: a row whose key exists is skipped.
+
+    One statement instead of a read then an insert, so concurrent writers of the same key do not
+    collide on the unique constraint. ``index_elements`` names the conflict target when needed.
+    """
+    dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    return dialect_insert(table).on_conflict_do_nothing(index_elements=list(index_elements) or None)

@@ -10,6 +10,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from marketing_pipelines.db.campaigns import InvalidInput, parse_json_object, require_campaign
+from marketing_pipelines.db.engine import insert_ignoring_conflicts
 from marketing_pipelines.db.lease import LeaseQueue, cancel
 from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.executions.actions import InvalidPayload, get_action, webhook_policy
@@ -136,20 +137,11 @@ def start_attempts(conn: sa.Connection, rows: Sequence[Mapping[str, Any]], run_i
     if not rows:
         return
     a = marketing_execution_attempt
-    keys = [(row["id"], row["attempts"]) for row in rows]
-    existing = set(
-        conn.execute(
-            sa.select(a.c.execution_id, a.c.attempt).where(sa.tuple_(a.c.execution_id, a.c.attempt).in_(keys))
-        ).all()
-    )
     now = datetime.now(UTC)
-    new = [
-        {"execution_id": i, "attempt": n, "run_id": run_id, "started_at": now}
-        for i, n in keys
-        if (i, n) not in existing
-    ]
-    if new:
-        conn.execute(sa.insert(a), new)
+    conn.execute(
+        insert_ignoring_conflicts(conn, a, a.c.execution_id, a.c.attempt),
+        [{"execution_id": r["id"], "attempt": r["attempts"], "run_id": run_id, "started_at": now} for r in rows],
+    )
 
 
 def end_attempt(conn: sa.Connection, execution_id: int, attempt: int, outcome: str, error: str | None) -> None:

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
 from marketing_pipelines.db.campaigns import InvalidInput
+from marketing_pipelines.db.engine import insert_ignoring_conflicts
 from marketing_pipelines.db.schema import campaign, marketing_event, marketing_event_reject
 
 REQUIRED_FIELDS = ("event_id", "campaign_id", "stage", "event_type", "occurred_at")
@@ -189,11 +189,6 @@ def known_campaign_ids(conn: sa.Connection) -> set[str]:
     return set(conn.execute(sa.select(campaign.c.id)).scalars())
 
 
-def _insert_ignoring_duplicates(conn: sa.Connection, table: sa.Table) -> Any:
-    dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    return dialect_insert(table).on_conflict_do_nothing()
-
-
 COMPARED_FIELDS = ("campaign_id", "stage", "event_type", "occurred_at", "source", "actor_id", "properties")
 
 
@@ -208,7 +203,7 @@ def insert_events_returning(conn: sa.Connection, events: Sequence[MarketingEvent
         return set()
     rows = [{**e.__dict__, "ingested_at": ingested_at} for e in events]
     # RETURNING lists only the rows actually inserted, on both dialects; executemany rowcount does not.
-    stmt = _insert_ignoring_duplicates(conn, marketing_event).returning(marketing_event.c.event_id)
+    stmt = insert_ignoring_conflicts(conn, marketing_event).returning(marketing_event.c.event_id)
     return set(conn.execute(stmt, rows).scalars())
 
 
@@ -514,7 +509,7 @@ def _flush(
                 }
                 for r in [*rejects, *conflicts]
             ]
-            conn.execute(_insert_ignoring_duplicates(conn, marketing_event_reject), rows)
+            conn.execute(insert_ignoring_conflicts(conn, marketing_event_reject), rows)
     counts.loaded += len(inserted)
     counts.conflict += len(conflicts)
     counts.duplicate += len(events) - len(inserted) - len(conflicts)
