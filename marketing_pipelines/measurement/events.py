@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import math
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -18,7 +17,7 @@ from typing import Any, BinaryIO
 
 import sqlalchemy as sa
 
-from marketing_pipelines.db.campaigns import InvalidInput
+from marketing_pipelines.db.campaigns import InvalidInput, loads_json
 from marketing_pipelines.db.engine import insert_ignoring_conflicts
 from marketing_pipelines.db.schema import campaign, marketing_event, marketing_event_reject
 
@@ -38,22 +37,6 @@ SUPPORTED_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv"}
 
 class InvalidEvent(ValueError):
     """One event cannot be accepted; the message is the reject reason."""
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):  # 1e400 parses to inf
-        raise ValueError(f"number {text[:40]} is out of range")
-    return number
-
-
-def loads_json(text: str) -> Any:
-    """``json.loads`` that refuses what is not JSON to PostgreSQL: NaN, Infinity, 1e400 (ValueError)."""
-    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
 @dataclass(frozen=True)
