@@ -6,7 +6,6 @@ variable, the value and what is expected, never later as a confusing runtime err
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -51,15 +50,10 @@ def _bounded_int(minimum: int, maximum: int) -> Callable[[str], int]:
 
 
 def _networks(raw: str) -> tuple[str, ...]:
-    networks = []
-    for item in (i.strip() for i in raw.split(",")):
-        if not item:
-            continue
-        try:
-            networks.append(str(ipaddress.ip_network(item, strict=False)))
-        except ValueError:
-            raise ValueError(f"{item!r} is not an IP network (e.g. 127.0.0.1/32 or 10.0.0.0/8)") from None
-    return tuple(networks)
+    # The egress policy's own parser, so the setting is refused here exactly as the policy would.
+    from marketing_pipelines.executions.egress import parse_networks
+
+    return tuple(str(network) for network in parse_networks(raw))
 
 
 def _float(minimum: float) -> Callable[[str], float]:

@@ -28,7 +28,13 @@ from marketing_pipelines.executions.actions import (
     WebhookClient,
     get_action,
 )
-from marketing_pipelines.executions.queue import EXECUTIONS, end_attempt, get_execution, start_attempts
+from marketing_pipelines.executions.queue import (
+    EXECUTIONS,
+    attempt_outcome,
+    end_attempt,
+    get_execution,
+    start_attempts,
+)
 from marketing_pipelines.redact import redact_urls
 from marketing_pipelines.settings import Settings
 
@@ -85,8 +91,7 @@ def _record(
             status = retry_or_fail(conn, EXECUTIONS, execution_id, owner, error, delay)
         if status is None:
             return None, describe(conn, EXECUTIONS, execution_id)
-        outcome = {"SUCCEEDED": "SUCCEEDED", "FAILED": "FAILED"}.get(status, "RESCHEDULED")
-        end_attempt(conn, execution_id, attempt, outcome, error)
+        end_attempt(conn, execution_id, attempt, attempt_outcome(status), error)
         if status == EXECUTIONS.ready_status:
             current = get_execution(conn, execution_id)
             return status, f"rescheduled for {current['due_at'].isoformat() if current else '?'}"

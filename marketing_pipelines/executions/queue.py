@@ -144,6 +144,11 @@ def start_attempts(conn: sa.Connection, rows: Sequence[Mapping[str, Any]], run_i
     )
 
 
+def attempt_outcome(status: str) -> str:
+    """The attempt's outcome for the status its execution moved to (SCHEDULED again: RESCHEDULED)."""
+    return "RESCHEDULED" if status == EXECUTIONS.ready_status else status
+
+
 def end_attempt(conn: sa.Connection, execution_id: int, attempt: int, outcome: str, error: str | None) -> None:
     """Record an attempt's outcome, once: a later report about the same attempt changes nothing."""
     a = marketing_execution_attempt

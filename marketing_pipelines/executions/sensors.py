@@ -24,7 +24,7 @@ from marketing_pipelines.db.lease import (
 from marketing_pipelines.db.migrate import SchemaNotReady
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job, retry_delay_seconds, run_owner
-from marketing_pipelines.executions.queue import EXECUTIONS, end_attempt, end_open_attempts
+from marketing_pipelines.executions.queue import EXECUTIONS, attempt_outcome, end_attempt, end_open_attempts
 from marketing_pipelines.redact import redact_urls
 from marketing_pipelines.settings import Settings
 
@@ -159,8 +159,7 @@ def reconcile_execution_run(engine: sa.Engine, run: dg.DagsterRun, outcome: str,
                 delay = retry_delay_seconds(settings, attempt)
                 status = retry_or_fail(conn, EXECUTIONS, execution_id, owners, reason, delay, run_id=run.run_id)
             if status is not None:
-                kind = status if status in ("FAILED", CANCELLED) else "RESCHEDULED"
-                end_attempt(conn, execution_id, attempt, kind, reason)
+                end_attempt(conn, execution_id, attempt, attempt_outcome(status), reason)
                 statuses[status] += 1
     return dict(statuses)
 
