@@ -76,3 +76,14 @@ def test_the_demo_while_the_ui_daemon_runs_lets_it_do_the_work(tmp_path: Path, m
     # is due tomorrow).
     assert [s for _, s in executions] == ["SUCCEEDED"] * 5 + ["SCHEDULED"] and runs == 3
     assert statuses == {dg.DagsterRunStatus.SUCCESS}
+
+
+def test_the_demo_home_has_the_repositorys_instance_settings() -> None:
+    # The package cannot read the repository's dagster.yaml once installed, so it carries a copy;
+    # this keeps the two from drifting apart.
+    import yaml
+
+    from marketing_pipelines.demo import DAGSTER_YAML
+    from marketing_pipelines_tests.processes import REPO_ROOT
+
+    assert yaml.safe_load(DAGSTER_YAML) == yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text())
