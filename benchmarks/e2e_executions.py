@@ -37,19 +37,15 @@ import argparse
 import contextlib
 import itertools
 import math
-import os
 import random
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
-import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,7 +56,15 @@ from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
-from _common import DEFAULT_PG, print_table, throwaway_database
+from _common import print_table, throwaway_database
+from _daemon import (
+    INSTANCE_CONFIG,
+    Daemon,
+    daemon_env,
+    dagster_storage_database,
+    environ,
+    log_findings,
+)
 
 # Read-only views of the daemon's sensor state; dagster exports no public name for them.
 from dagster._core.definitions.run_request import InstigatorType
@@ -70,167 +74,14 @@ from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_execution, marketing_execution_attempt
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-INSTANCE_CONFIG = REPO_ROOT / "deploy" / "dagster.yaml"
-WORKSPACE = REPO_ROOT / "workspace.yaml"
 SENSOR = "due_executions_sensor"
 JOB = "marketing_execution_job"
 CAMPAIGN = "bench"
 BOOT_TIMEOUT_S = 240.0  # daemon start until its first tick of the sensor
 DRAIN_TIMEOUT_S = 120.0  # after the last row: until the Dagster runs themselves have ended
 IDEMPOTENCY_KEY = re.compile(r"^marketing-execution-(\d+)$")  # one key per execution; attempt in its own header
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d [+-]\d{4} - ")
 SERIOUS = re.compile(r"ERROR|Traceback|CRITICAL")
 TERMINAL = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
-
-
-# --- the daemon process ------------------------------------------------------------------------
-
-
-def _dagster_bin(name: str) -> str:
-    path = Path(sys.executable).parent / name
-    if not path.exists():
-        sys.exit(f"{name} is not installed next to {sys.executable}")
-    return str(path)
-
-
-def _reset_sigint() -> None:
-    # A child of a non-interactive shell inherits an ignored SIGINT, and Dagster copies that
-    # handler onto SIGTERM: reset it so the process group can be stopped.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-@dataclass
-class Daemon:
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    @classmethod
-    def start(cls, env: Mapping[str, str], log_path: Path) -> Daemon:
-        argv = [_dagster_bin("dagster-daemon"), "run", "-w", str(WORKSPACE)]
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                argv,
-                cwd=REPO_ROOT,
-                env=dict(env),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_reset_sigint,
-            )
-        return cls(process, log_path)
-
-    def check_alive(self) -> None:
-        code = self.process.poll()
-        if code is not None:
-            raise RuntimeError(f"dagster-daemon exited with code {code}; last log lines:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return "(no log)"
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """SIGINT to the whole process group (code server, run workers too), SIGKILL to what is left."""
-        pgid = self.process.pid  # the session leader's pid is its group id
-        try:
-            os.killpg(pgid, signal.SIGINT)
-        except ProcessLookupError:
-            return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=timeout)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.2)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-        if self.process.poll() is None:
-            self.process.wait(timeout=5)
-
-
-def _daemon_env(app_url: str, home: Path, pg: Mapping[str, str], overrides: Mapping[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MARKETING_", "DAGSTER_"))}
-    env.update(pg)
-    # The local webhook receiver is on 127.0.0.1, which webhooks reach only when an operator allows it.
-    env.update(
-        {
-            "MARKETING_DATABASE_URL": app_url,
-            "DAGSTER_HOME": str(home),
-            "MARKETING_WEBHOOK_ALLOW_NETWORKS": "127.0.0.1/32",
-            **overrides,
-        }
-    )
-    return env
-
-
-def _log_findings(log_path: Path, limit: int = 12) -> list[str]:
-    """Distinct error, warning and traceback lines of the daemon's log, each with how often it occurred.
-
-    Lines after the daemon was told to stop are left out: sensor ticks still in their threads then
-    fail with "Location ... does not exist in workspace" as the workspace is torn down around them.
-    """
-    try:
-        lines = log_path.read_text(errors="replace").splitlines()
-    except FileNotFoundError:
-        return []
-    found: Counter[str] = Counter()
-    for line in lines:
-        line = ANSI.sub("", line)
-        if "Received interrupt, shutting down daemon threads" in line:
-            break
-        if re.search(r"ERROR|WARNING|Traceback|Exception|CRITICAL", line):
-            found[TIMESTAMP.sub("", line).strip()] += 1
-    return [f"{n}x {line}" for line, n in found.most_common(limit)]
-
-
-# --- databases ---------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _dagster_storage_database() -> Iterator[dict[str, str]]:
-    """A throwaway PostgreSQL database for Dagster's own storage, as the DAGSTER_PG_* variables."""
-    admin = sa.create_engine(
-        DEFAULT_PG.replace("postgresql://", "postgresql+psycopg2://", 1), isolation_level="AUTOCOMMIT"
-    )
-    name = f"mp_bench_dagster_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.engine.make_url(DEFAULT_PG)
-    try:
-        yield {
-            "DAGSTER_PG_HOST": url.host or "127.0.0.1",
-            "DAGSTER_PG_PORT": str(url.port or 5432),
-            "DAGSTER_PG_USER": url.username or "postgres",
-            "DAGSTER_PG_PASSWORD": url.password or "",
-            "DAGSTER_PG_DB": name,
-        }
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-@contextlib.contextmanager
-def _environ(values: Mapping[str, str]) -> Iterator[None]:
-    """``values`` in this process's environment for the block (the in-process instance reads them)."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def _db_now(engine: sa.Engine) -> datetime:
@@ -353,8 +204,8 @@ def daemon_session(label: str, overrides: Mapping[str, str], log_dir: Path) -> I
     """Fresh application and Dagster databases, a DAGSTER_HOME, a running daemon that has ticked once."""
     with (
         throwaway_database("postgres") as app_url,
-        _dagster_storage_database() as pg,
-        _environ(pg),
+        dagster_storage_database() as pg,
+        environ(pg),
         tempfile.TemporaryDirectory(prefix="mp-bench-home-") as home_dir,
     ):
         home = Path(home_dir)
@@ -365,7 +216,7 @@ def daemon_session(label: str, overrides: Mapping[str, str], log_dir: Path) -> I
         # Opening the instance once creates Dagster's tables before the daemon starts.
         with dg.DagsterInstance.from_config(str(home)) as instance:
             began = time.monotonic()
-            daemon = Daemon.start(_daemon_env(app_url, home, pg, overrides), log_dir / f"daemon-{label}.log")
+            daemon = Daemon.start(daemon_env(app_url, home, pg, overrides), log_dir / f"daemon-{label}.log")
             try:
                 _wait_first_tick(instance, daemon)
                 yield Session(engine, instance, daemon, time.monotonic() - began)
@@ -701,7 +552,7 @@ def main() -> None:
                     print(f"[{shape}] FAILED:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
                     continue
                 finally:
-                    log_notes.append((shape, _log_findings(log_dir / f"daemon-{shape}.log")))
+                    log_notes.append((shape, log_findings(log_dir / f"daemon-{shape}.log")))
                 results.append(result)
                 phase_rows.append((shape, *phases))
 
@@ -724,7 +575,7 @@ def main() -> None:
             phase_rows.append(
                 ("single", boot_s, measure_s, 0.0, time.monotonic() - teardown_began, time.monotonic() - began)
             )
-            log_notes.append(("single", _log_findings(log_dir / "daemon-single.log")))
+            log_notes.append(("single", log_findings(log_dir / "daemon-single.log")))
         completed = True
     finally:
         # Keep the daemon logs when asked, or when something went wrong and they tell why.

@@ -127,6 +127,11 @@ ENV_VARS: dict[str, _Var] = {
     "measurement_start_date": _Var(
         "MARKETING_MEASUREMENT_START_DATE", date.fromisoformat, "First UTC day of the measurement partitions."
     ),
+    "backfill_days_per_run": _Var(
+        "MARKETING_BACKFILL_DAYS_PER_RUN",
+        _bounded_int(1, 3660),
+        "Days of the measurement assets one backfill run covers (BackfillPolicy.multi_run).",
+    ),
 }
 
 
@@ -149,6 +154,8 @@ class Settings:
     agent_max_run_seconds: int = 300
     model_provider: str = "offline"
     measurement_start_date: date = date(2026, 1, 1)
+    # Chosen from benchmarks/backfill.py (docs/PERFORMANCE.md, section 8).
+    backfill_days_per_run: int = 92
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

@@ -1,23 +1,29 @@
 """Daily-partitioned measurement assets: raw events (loaded outside Dagster), the two importers, and the rollup.
 
 Partitions are UTC days from ``MARKETING_MEASUREMENT_START_DATE`` up to and including today.
-Every asset replaces exactly its partition's day, so any partition can be re-run or backfilled.
+Every asset replaces exactly its partitions' days, so any partition can be re-run or backfilled;
+a backfill run covers a range of days in one pass (``BackfillPolicy.multi_run``).
 """
 
-from collections.abc import Mapping
-from datetime import UTC, date
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, date, timedelta
 
 import dagster as dg
+import sqlalchemy as sa
 
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.http import RateLimited, ServiceError
 from marketing_pipelines.measurement.checks import (
     DOWNLOAD_CHECK_SPECS,
+    DOWNLOADS_KEY,
     ROLLUP_CHECK_SPECS,
+    ROLLUP_KEY,
+    SITE_KEY,
     check_first_party_count,
     check_no_unflagged_negative_delta,
     check_unique_actors_within_raw_count,
 )
+from marketing_pipelines.measurement.frames import funnel_markdown
 from marketing_pipelines.measurement.importers.base import Importer
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
@@ -26,14 +32,19 @@ from marketing_pipelines.measurement.imports import (
     import_repo_day,
     replace_site_analytics_day,
 )
-from marketing_pipelines.measurement.rollup import replace_rollup_day
+from marketing_pipelines.measurement.rollup import replace_rollup_days
 from marketing_pipelines.settings import Settings
 
 GROUP = "measurement"
 OWNERS = ["team:marketing-data"]
-NOT_CONFIGURED = "not configured"
 # GitHub: a RateLimited wait longer than its RetryPolicy.max_wait_s frees the worker; Dagster re-runs the step later.
 RATE_LIMIT_RETRIES = 3
+# Days per backfill run (BackfillPolicy.multi_run), MARKETING_BACKFILL_DAYS_PER_RUN. A run costs seconds of Dagster
+# overhead whatever it holds, a day of the rollup a fraction of a second: benchmarks/backfill.py measured the choice.
+MAX_DAYS_PER_RUN = Settings.from_env().backfill_days_per_run
+ROLLUP_IO_MANAGER = "rollup_frames"
+# The tags of a run over a partition range, as a backfill run carries them (Dagster does not re-export the names).
+RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 measurement_partitions = dg.DailyPartitionsDefinition(
     start_date=Settings.from_env().measurement_start_date.isoformat(),
@@ -55,189 +66,254 @@ marketing_event_asset = dg.AssetSpec(
 )
 
 
-def partition_day(context: dg.AssetExecutionContext) -> date:
-    return context.partition_time_window.start.astimezone(UTC).date()
+def partition_days(context: dg.AssetExecutionContext) -> list[date]:
+    """The UTC days of the run: one for a scheduled or sensor run, a range for a backfill run."""
+    window = context.partition_time_window
+    first, end = window.start.astimezone(UTC).date(), window.end.astimezone(UTC).date()
+    return [first + timedelta(days=n) for n in range((end - first).days)]
 
 
-def not_configured_result(importer: Importer, checks: list[dg.AssetCheckResult] | None = None) -> dg.MaterializeResult:
-    # Materializes nothing and says why, instead of failing: the rollup and the other importer
-    # in the same run still run, and the UI shows the reason on every partition.
-    return dg.MaterializeResult(
-        metadata={
-            "rows": dg.MetadataValue.int(0),
-            "status": dg.MetadataValue.text(NOT_CONFIGURED),
-            "reason": dg.MetadataValue.text(f"{importer.name}: {importer.not_configured_reason()}"),
-        },
-        check_results=checks,
-    )
+def _span(days: Sequence[date]) -> str:
+    return days[0].isoformat() if len(days) == 1 else f"{days[0].isoformat()}..{days[-1].isoformat()}"
 
 
 def _ints(values: Mapping[str, int]) -> dict[str, dg.MetadataValue]:
     return {key: dg.MetadataValue.int(value) for key, value in values.items()}
 
 
-@dg.asset(
-    name="site_analytics_daily",
-    partitions_def=measurement_partitions,
+def _not_configured(context: dg.AssetExecutionContext, importer: Importer, days: Sequence[date]) -> None:
+    # No materialization at all, rather than an empty one: the days stay missing in the UI, so once the
+    # importer is configured a backfill of the missing partitions fills exactly them.
+    context.log.warning(
+        f"{importer.name} is not configured, so {_span(days)} is not materialized: {importer.not_configured_reason()}, "
+        "then backfill its missing partitions."
+    )
+
+
+SITE_ANALYTICS_SPEC = dg.AssetSpec(
+    SITE_KEY,
+    description=(
+        "Table ``site_analytics_daily``: one row is one page's visitors and pageviews on one day from the visits "
+        "tagged with one utm_campaign. Plausible buckets days in the site's own time zone; set the site to UTC in "
+        "Plausible so its days line up with the events' UTC days. Not materialized while Plausible is not configured."
+    ),
     group_name=GROUP,
     kinds={"python", "plausible", "sql"},
     owners=OWNERS,
+    skippable=True,
 )
-def site_analytics_daily(
-    context: dg.AssetExecutionContext, app_db: AppDatabase, plausible: PlausibleClient
-) -> dg.MaterializeResult:
-    """Table ``site_analytics_daily``: one row is one page's visitors and pageviews on one day from the
-    visits tagged with one utm_campaign. Plausible buckets days in the site's own time zone; set the site
-    to UTC in Plausible so its days line up with the events' UTC days.
-    """
-    day = partition_day(context)
-    if not plausible.is_configured():
-        context.log.info(f"{plausible.name} is not configured: {plausible.not_configured_reason()}")
-        return not_configured_result(plausible)
-    engine = app_db.ready_engine()
-    # Plausible's limit is an hourly window with no Retry-After: the client fails the partition at
-    # once ("retry after the hour") rather than keep a run waiting or spend more requests.
-    rows = plausible.daily_campaign_stats(day)
-    summary = replace_site_analytics_day(engine, day, rows)
-    if summary.unmapped_utm_campaigns:
-        context.log.warning(
-            f"utm_campaign values with no campaign (set campaign.utm_campaign to count them): "
-            f"{', '.join(summary.unmapped_utm_campaigns[:20])}"
-        )
-    return dg.MaterializeResult(
-        metadata={
-            **_ints(
-                {
-                    "rows": summary.rows,
-                    "visitors": summary.visitors,
-                    "pageviews": summary.pageviews,
-                    "utm_campaigns": summary.utm_campaigns,
-                    "unmapped_utm_campaigns": len(summary.unmapped_utm_campaigns),
-                }
-            ),
-            "status": dg.MetadataValue.text("imported"),
-        }
-    )
-
-
-@dg.asset(
-    name="github_release_downloads_daily",
-    partitions_def=measurement_partitions,
+RELEASE_DOWNLOADS_SPEC = dg.AssetSpec(
+    DOWNLOADS_KEY,
+    description=(
+        "Table ``github_release_download_daily``: one row is one release asset's downloads on one UTC day, the "
+        "difference between its snapshot for that day and the repository's previous snapshot (rows of a "
+        "repository's first snapshot are baselines with no known downloads). Snapshots are kept per asset id and "
+        "day in ``github_release_asset_snapshot``. GitHub only reports current totals: a partition takes a snapshot "
+        "only while its day ended less than a day ago; re-running an older partition re-derives its deltas from "
+        "the stored snapshot. Not materialized while GitHub is not configured."
+    ),
     group_name=GROUP,
     kinds={"python", "github", "sql"},
     owners=OWNERS,
-    check_specs=DOWNLOAD_CHECK_SPECS,
+    skippable=True,
 )
-def github_release_downloads_daily(
-    context: dg.AssetExecutionContext, app_db: AppDatabase, github: GitHubReleasesClient
-) -> dg.MaterializeResult:
-    """Table ``github_release_download_daily``: one row is one release asset's downloads on one UTC day,
-    the difference between its snapshot for that day and the repository's previous snapshot (rows of a
-    repository's first snapshot are baselines with no known downloads). Snapshots are kept per asset id
-    and day in ``github_release_asset_snapshot``.
-
-    GitHub only reports current totals: a partition takes a snapshot only while its day ended less
-    than a day ago; re-running an older partition re-derives its deltas from the stored snapshot.
-    """
-    day = partition_day(context)
-    engine = app_db.ready_engine()
-    if not github.is_configured():
-        context.log.info(f"{github.name} is not configured: {github.not_configured_reason()}")
-        with engine.connect() as conn:
-            return not_configured_result(github, [check_no_unflagged_negative_delta(conn, day)])
-    with engine.connect() as conn:
-        repos = campaign_repos(conn)
-    results, errors = [], []
-    for repo in repos:
-        try:
-            results.append(import_repo_day(engine, github, repo, day))
-        except RateLimited as exc:
-            raise dg.RetryRequested(max_retries=RATE_LIMIT_RETRIES, seconds_to_wait=exc.retry_after_s) from exc
-        except ServiceError as exc:
-            errors.append(f"{repo}: {exc}")
-    if errors:
-        # The repos that worked are stored; re-running the partition redoes all of them idempotently.
-        raise dg.Failure(description=f"{len(errors)} of {len(repos)} repositories failed: " + "; ".join(errors))
-    missing = [r.repo for r in results if r.snapshot == "missing"]
-    if missing:
-        context.log.warning(
-            f"No snapshot for {day} of {', '.join(missing)}: the day ended more than a day ago and GitHub "
-            "reports only current totals, so its downloads cannot be reconstructed."
-        )
-    moved = {r.repo: r.moved_to for r in results if r.moved_to}
-    with engine.connect() as conn:
-        check = check_no_unflagged_negative_delta(conn, day)
-    return dg.MaterializeResult(
-        metadata={
-            # A renamed or transferred repository still imports (GitHub redirects it); update the
-            # campaign's github_repo to the new name when it shows here.
-            **({"moved_repos": dg.MetadataValue.json(moved)} if moved else {}),
-            **_ints(
-                {
-                    "rows": sum(len(r.deltas) for r in results),
-                    "repos": len(repos),
-                    "downloads": sum(r.downloads for r in results),
-                    "repos_fetched": sum(r.snapshot == "fetched" for r in results),
-                    "repos_not_modified": sum(r.snapshot == "not_modified" for r in results),
-                    "repos_baseline": sum(r.baseline for r in results),
-                    "repos_without_snapshot": len(missing),
-                    "negative_deltas_clamped": sum(r.negative_clamped for r in results),
-                }
-            ),
-            "status": dg.MetadataValue.text("imported"),
-        },
-        check_results=[check],
-    )
-
-
-@dg.asset(
-    name="measurement_daily_rollup",
-    partitions_def=measurement_partitions,
+ROLLUP_SPEC = dg.AssetSpec(
+    ROLLUP_KEY,
+    description=(
+        "Table ``measurement_daily_rollup``: one row is one (UTC day, campaign, source, stage, event type) with its "
+        "raw_count, its exact unique_actors that day (NULL for imported rows, whose actors are unknown) and the "
+        "serialized HLL sketch of its actor ids, which the report merges for unique actors over a range. Sources: "
+        "``first_party`` events, ``site_analytics`` pageviews (by campaign.utm_campaign) and ``github_releases`` "
+        "downloads (by campaign.github_repo). Also refreshes the days' ISO weeks in ``measurement_weekly_sketch``, "
+        "the per-week sketch unions the report merges for whole weeks."
+    ),
     group_name=GROUP,
     kinds={"sql", "datasketches"},
     owners=OWNERS,
-    deps=[marketing_event_asset, site_analytics_daily, github_release_downloads_daily],
-    check_specs=ROLLUP_CHECK_SPECS,
+    deps=[marketing_event_asset, SITE_KEY, DOWNLOADS_KEY],
+    skippable=True,
+    # Loading the asset (defs.load_asset_value, a downstream asset) reads the table as a DataFrame.
+).with_io_manager_key(ROLLUP_IO_MANAGER)
+
+
+@dg.multi_asset(
+    name="measurement_daily",
+    specs=[SITE_ANALYTICS_SPEC, RELEASE_DOWNLOADS_SPEC, ROLLUP_SPEC],
+    check_specs=[*DOWNLOAD_CHECK_SPECS, *ROLLUP_CHECK_SPECS],
+    partitions_def=measurement_partitions,
+    can_subset=True,
+    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_DAYS_PER_RUN),
 )
-def measurement_daily_rollup(context: dg.AssetExecutionContext, app_db: AppDatabase) -> dg.MaterializeResult:
-    """Table ``measurement_daily_rollup``: one row is one (UTC day, campaign, source, stage, event type) with
-    its raw_count, its exact unique_actors that day (NULL for imported rows, whose actors are unknown) and
-    the serialized HLL sketch of its actor ids, which the report merges for unique actors over a range.
-    Sources: ``first_party`` events, ``site_analytics`` pageviews (by campaign.utm_campaign) and
-    ``github_releases`` downloads (by campaign.github_repo). Also refreshes the day's ISO week in
-    ``measurement_weekly_sketch``, the per-week sketch unions the report merges for whole weeks.
+def measurement_daily(
+    context: dg.AssetExecutionContext, app_db: AppDatabase, plausible: PlausibleClient, github: GitHubReleasesClient
+) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
+    """The importers, then the rollup, for the run's days (one, or a backfill run's range).
+
+    One step for the three assets, not three assets, because an asset that materializes nothing (an
+    importer that is not configured) makes Dagster skip every step downstream of it in the run
+    (dagster-io/dagster#9408), and the rollup must still run. Each asset is materialized once per
+    day with that day's metadata, and each day is replaced in its own transaction.
     """
-    day = partition_day(context)
+    days = partition_days(context)
     engine = app_db.ready_engine()
-    # Idempotent: replace_rollup_day deletes and rebuilds the day in one transaction.
-    summary = replace_rollup_day(engine, day)
-    with engine.connect() as conn:
-        checks = [check_first_party_count(conn, day), check_unique_actors_within_raw_count(conn, day)]
-    return dg.MaterializeResult(
-        metadata=_ints(
-            {
-                "rows": summary.rows,
-                "first_party_rows": summary.first_party_rows,
-                "first_party_events": summary.first_party_events,
-                "unique_actors_sum": summary.unique_actors_sum,
-                "site_pageviews": summary.site_pageviews,
-                "downloads": summary.downloads,
-                "campaigns": summary.campaigns,
-                "weekly_sketch_rows": summary.week_rows,
-            }
+    selected = context.selected_asset_keys
+    failures: list[str] = []
+    for key, importer in ((SITE_KEY, site_analytics), (DOWNLOADS_KEY, release_downloads)):
+        if key in selected:
+            try:
+                yield from importer(context, engine, plausible if key == SITE_KEY else github, days)
+            except dg.Failure as exc:
+                # The other importer still runs; the rollup waits for a run in which both imports succeed.
+                failures.append(f"{key.to_user_string()}: {exc.description}")
+    if failures:
+        raise dg.Failure(description="; ".join(failures))
+    if ROLLUP_KEY in selected:
+        yield from rollup(context, engine, days)
+
+
+def _selected(context: dg.AssetExecutionContext, check: dg.AssetCheckResult) -> bool:
+    return dg.AssetCheckKey(check.asset_key, check.check_name) in context.selected_asset_check_keys
+
+
+def site_analytics(
+    context: dg.AssetExecutionContext, engine: sa.Engine, plausible: PlausibleClient, days: Sequence[date]
+) -> Iterator[dg.AssetMaterialization]:
+    if not plausible.is_configured():
+        _not_configured(context, plausible, days)
+        return
+    # One query for the whole range. Plausible's limit is an hourly window with no Retry-After: the client
+    # fails the run at once ("retry after the hour") rather than keep a run waiting or spend more requests.
+    try:
+        by_day = plausible.campaign_stats(days[0], days[-1])
+    except ServiceError as exc:
+        raise dg.Failure(description=str(exc)) from exc
+    unmapped: set[str] = set()
+    for day in days:
+        summary = replace_site_analytics_day(engine, day, by_day[day])
+        unmapped.update(summary.unmapped_utm_campaigns)
+        yield dg.AssetMaterialization(
+            SITE_KEY,
+            partition=day.isoformat(),
+            metadata={
+                **_ints(
+                    {
+                        "rows": summary.rows,
+                        "visitors": summary.visitors,
+                        "pageviews": summary.pageviews,
+                        "utm_campaigns": summary.utm_campaigns,
+                        "unmapped_utm_campaigns": len(summary.unmapped_utm_campaigns),
+                    }
+                ),
+                "status": dg.MetadataValue.text("imported"),
+            },
         )
-        | {"week_start": dg.MetadataValue.text(summary.week_start.isoformat())},
-        check_results=checks,
+    if unmapped:
+        context.log.warning(
+            f"utm_campaign values with no campaign (set campaign.utm_campaign to count them): "
+            f"{', '.join(sorted(unmapped)[:20])}"
+        )
+
+
+def release_downloads(
+    context: dg.AssetExecutionContext, engine: sa.Engine, github: GitHubReleasesClient, days: Sequence[date]
+) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
+    if not github.is_configured():
+        _not_configured(context, github, days)
+        return
+    with engine.connect() as conn:
+        repos = campaign_repos(conn)
+    for day in days:
+        results, errors = [], []
+        for repo in repos:
+            try:
+                results.append(import_repo_day(engine, github, repo, day))
+            except RateLimited as exc:
+                # A wait longer than the retry's is not held in the worker: Dagster re-runs the step later,
+                # and the days already imported are simply imported again.
+                raise dg.RetryRequested(max_retries=RATE_LIMIT_RETRIES, seconds_to_wait=exc.retry_after_s) from exc
+            except ServiceError as exc:
+                errors.append(f"{repo}: {exc}")
+        if errors:
+            # The repos and days that worked are stored; re-running redoes all of them idempotently.
+            raise dg.Failure(
+                description=f"{day}: {len(errors)} of {len(repos)} repositories failed: " + "; ".join(errors)
+            )
+        missing = [r.repo for r in results if r.snapshot == "missing"]
+        if missing:
+            context.log.warning(
+                f"No snapshot for {day} of {', '.join(missing)}: the day ended more than a day ago and GitHub "
+                "reports only current totals, so its downloads cannot be reconstructed."
+            )
+        moved = {r.repo: r.moved_to for r in results if r.moved_to}
+        yield dg.AssetMaterialization(
+            DOWNLOADS_KEY,
+            partition=day.isoformat(),
+            metadata={
+                # A renamed or transferred repository still imports (GitHub redirects it); update the
+                # campaign's github_repo to the new name when it shows here.
+                **({"moved_repos": dg.MetadataValue.json(moved)} if moved else {}),
+                **_ints(
+                    {
+                        "rows": sum(len(r.deltas) for r in results),
+                        "repos": len(repos),
+                        "downloads": sum(r.downloads for r in results),
+                        "repos_fetched": sum(r.snapshot == "fetched" for r in results),
+                        "repos_not_modified": sum(r.snapshot == "not_modified" for r in results),
+                        "repos_baseline": sum(r.baseline for r in results),
+                        "repos_without_snapshot": len(missing),
+                        "negative_deltas_clamped": sum(r.negative_clamped for r in results),
+                    }
+                ),
+                "status": dg.MetadataValue.text("imported"),
+            },
+        )
+    with engine.connect() as conn:
+        check = check_no_unflagged_negative_delta(conn, days)
+    if _selected(context, check):
+        yield check
+
+
+def rollup(
+    context: dg.AssetExecutionContext, engine: sa.Engine, days: Sequence[date]
+) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
+    # Idempotent: each day is deleted and rebuilt in its own transaction, then each week once.
+    summaries = replace_rollup_days(engine, days)
+    with engine.connect() as conn:
+        for summary in summaries:
+            yield dg.AssetMaterialization(
+                ROLLUP_KEY,
+                partition=summary.day.isoformat(),
+                metadata={"funnel": dg.MetadataValue.md(funnel_markdown(conn, summary.day))}
+                | _ints(
+                    {
+                        "rows": summary.rows,
+                        "first_party_rows": summary.first_party_rows,
+                        "first_party_events": summary.first_party_events,
+                        "unique_actors_sum": summary.unique_actors_sum,
+                        "site_pageviews": summary.site_pageviews,
+                        "downloads": summary.downloads,
+                        "campaigns": summary.campaigns,
+                        "weekly_sketch_rows": summary.week_rows,
+                    }
+                )
+                | {"week_start": dg.MetadataValue.text(summary.week_start.isoformat())},
+            )
+        checks = [check_first_party_count(conn, days), check_unique_actors_within_raw_count(conn, days)]
+    yield from (check for check in checks if _selected(context, check))
+    context.log.info(
+        f"Rolled up {_span(days)}: {sum(s.first_party_events for s in summaries)} events into "
+        f"{sum(s.rows for s in summaries)} rows."
     )
 
 
+MEASUREMENT_KEYS = [SITE_KEY, DOWNLOADS_KEY, ROLLUP_KEY]
 measurement_daily_job = dg.define_asset_job(
     "measurement_daily_job",
-    selection=[site_analytics_daily, github_release_downloads_daily, measurement_daily_rollup],
+    selection=dg.AssetSelection.assets(*MEASUREMENT_KEYS),
     description="Imports one day from Plausible and GitHub, then rebuilds that day's rollup.",
 )
 measurement_rollup_job = dg.define_asset_job(
     "measurement_rollup_job",
-    selection=[measurement_daily_rollup],
+    selection=dg.AssetSelection.assets(ROLLUP_KEY),
     description="Rebuilds one day's rollup from the events and imports already stored (late events).",
 )

@@ -1,11 +1,13 @@
 """Asset checks of the measurement assets: the invariants a partition must hold after it is written.
 
-They run inside the materialization (``check_specs`` on the assets), so every partition's
-materialization carries its own results, and they read the database afresh after the write
-committed: a late event that lands meanwhile shows up as a failed count check until the
+They run inside the materialization (``check_specs`` on the assets), one result per check and run:
+a run of one day checks that day, a backfill run of a range checks every day of it and names the
+failing days in the result's metadata. They read the database afresh after the write committed:
+a late event that lands meanwhile shows up as a failed count check until the
 late-events sensor re-runs the day.
 """
 
+from collections.abc import Sequence
 from datetime import date
 
 import dagster as dg
@@ -15,6 +17,7 @@ from marketing_pipelines.db.schema import github_release_download_daily, measure
 from marketing_pipelines.measurement.rollup import event_count, rollup_first_party_total
 
 ROLLUP_KEY = dg.AssetKey("measurement_daily_rollup")
+SITE_KEY = dg.AssetKey("site_analytics_daily")
 DOWNLOADS_KEY = dg.AssetKey("github_release_downloads_daily")
 
 FIRST_PARTY_COUNT_MATCHES = "first_party_count_matches_events"
@@ -42,50 +45,73 @@ DOWNLOAD_CHECK_SPECS = [
 ]
 
 
-def check_first_party_count(conn: sa.Connection, day: date) -> dg.AssetCheckResult:
-    events, rolled_up = event_count(conn, day), rollup_first_party_total(conn, day)
+# Days named in a failed check's metadata, at most: a year-long range lists its first few.
+LISTED_DAYS = 20
+
+
+def _days_metadata(days: Sequence[date]) -> dict[str, dg.MetadataValue]:
+    return {
+        "failing_days": dg.MetadataValue.int(len(days)),
+        **(
+            {"first_failing_days": dg.MetadataValue.text(", ".join(d.isoformat() for d in days[:LISTED_DAYS]))}
+            if days
+            else {}
+        ),
+    }
+
+
+def check_first_party_count(conn: sa.Connection, days: Sequence[date]) -> dg.AssetCheckResult:
+    """Per day of ``days``: the rollup's first-party raw_count equals the day's events. One result for the range."""
+    per_day = [(day, event_count(conn, day), rollup_first_party_total(conn, day)) for day in days]
+    failing = [day for day, events, rolled_up in per_day if events != rolled_up]
     return dg.AssetCheckResult(
         check_name=FIRST_PARTY_COUNT_MATCHES,
         asset_key=ROLLUP_KEY,
-        passed=events == rolled_up,
+        passed=not failing,
         # Late events are expected between a write and the sensor's re-run; a warning, not an error.
         severity=dg.AssetCheckSeverity.WARN,
-        metadata={"events": dg.MetadataValue.int(events), "rollup_raw_count": dg.MetadataValue.int(rolled_up)},
+        metadata={
+            "events": dg.MetadataValue.int(sum(p[1] for p in per_day)),
+            "rollup_raw_count": dg.MetadataValue.int(sum(p[2] for p in per_day)),
+            **_days_metadata(failing),
+        },
     )
 
 
-def check_unique_actors_within_raw_count(conn: sa.Connection, day: date) -> dg.AssetCheckResult:
+def check_unique_actors_within_raw_count(conn: sa.Connection, days: Sequence[date]) -> dg.AssetCheckResult:
     r = measurement_daily_rollup
-    bad = int(
-        conn.execute(sa.select(sa.func.count()).where(r.c.day == day, r.c.unique_actors > r.c.raw_count)).scalar_one()
-    )
+    bad = conn.execute(
+        sa.select(r.c.day, sa.func.count())
+        .where(r.c.day.in_(list(days)), r.c.unique_actors > r.c.raw_count)
+        .group_by(r.c.day)
+        .order_by(r.c.day)
+    ).all()
     return dg.AssetCheckResult(
         check_name=UNIQUE_ACTORS_WITHIN_RAW_COUNT,
         asset_key=ROLLUP_KEY,
-        passed=bad == 0,
-        metadata={"violating_rows": dg.MetadataValue.int(bad)},
+        passed=not bad,
+        metadata={
+            "violating_rows": dg.MetadataValue.int(sum(n for _, n in bad)),
+            **_days_metadata([d for d, _ in bad]),
+        },
     )
 
 
-def check_no_unflagged_negative_delta(conn: sa.Connection, day: date) -> dg.AssetCheckResult:
+def check_no_unflagged_negative_delta(conn: sa.Connection, days: Sequence[date]) -> dg.AssetCheckResult:
     g = github_release_download_daily
-    bad = int(
-        conn.execute(
-            sa.select(sa.func.count()).where(
-                g.c.day == day,
-                sa.or_(
-                    sa.and_(g.c.raw_delta < 0, g.c.negative_clamped.is_(False)),
-                    g.c.downloads < 0,
-                ),
-            )
-        ).scalar_one()
-    )
-    flagged = int(
-        conn.execute(sa.select(sa.func.count()).where(g.c.day == day, g.c.negative_clamped.is_(True))).scalar_one()
-    )
+    in_range = g.c.day.in_(list(days))
+    unflagged = sa.or_(sa.and_(g.c.raw_delta < 0, g.c.negative_clamped.is_(False)), g.c.downloads < 0)
+    bad = conn.execute(
+        sa.select(g.c.day, sa.func.count()).where(in_range, unflagged).group_by(g.c.day).order_by(g.c.day)
+    ).all()
+    flagged = int(conn.execute(sa.select(sa.func.count()).where(in_range, g.c.negative_clamped.is_(True))).scalar_one())
     return dg.AssetCheckResult(
         check_name=NO_UNFLAGGED_NEGATIVE_DELTA,
         asset_key=DOWNLOADS_KEY,
-        passed=bad == 0,
-        metadata={"unflagged_negative": dg.MetadataValue.int(bad), "flagged_negative": dg.MetadataValue.int(flagged)},
+        passed=not bad,
+        metadata={
+            "unflagged_negative": dg.MetadataValue.int(sum(n for _, n in bad)),
+            "flagged_negative": dg.MetadataValue.int(flagged),
+            **_days_metadata([d for d, _ in bad]),
+        },
     )

@@ -5,13 +5,13 @@ import os
 import dagster as dg
 
 from marketing_pipelines.measurement.assets import (
-    github_release_downloads_daily,
+    ROLLUP_IO_MANAGER,
     marketing_event_asset,
+    measurement_daily,
     measurement_daily_job,
-    measurement_daily_rollup,
     measurement_rollup_job,
-    site_analytics_daily,
 )
+from marketing_pipelines.measurement.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.importers.github import TOKEN_ENV, GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import API_KEY_ENV, SITE_ID_ENV, PlausibleClient
 from marketing_pipelines.measurement.schedules import measurement_daily_schedule
@@ -48,9 +48,9 @@ def _github() -> GitHubReleasesClient:
 
 
 defs = dg.Definitions(
-    assets=[marketing_event_asset, site_analytics_daily, github_release_downloads_daily, measurement_daily_rollup],
+    assets=[marketing_event_asset, measurement_daily],
     jobs=[measurement_daily_job, measurement_rollup_job],
     schedules=[measurement_daily_schedule],
     sensors=[measurement_late_events_sensor],
-    resources={"plausible": _plausible(), "github": _github()},
+    resources={"plausible": _plausible(), "github": _github(), ROLLUP_IO_MANAGER: RollupFrameIOManager()},
 )

@@ -15,12 +15,15 @@ import sqlalchemy as sa
 from marketing_pipelines.db.campaigns import Campaign, add_campaign, get_campaign
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.measurement.assets import (
-    github_release_downloads_daily,
-    measurement_daily_rollup,
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    ROLLUP_IO_MANAGER,
+    measurement_daily,
     measurement_partitions,
-    site_analytics_daily,
 )
+from marketing_pipelines.measurement.checks import ROLLUP_KEY
 from marketing_pipelines.measurement.events import record_events
+from marketing_pipelines.measurement.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.report import measurement_report, render
@@ -88,32 +91,32 @@ def run_measurement_demo(
                 loaded, duplicate = loaded + counts.loaded, duplicate + counts.duplicate
     echo(f"      events for {day_list[0]} .. {day_list[-1]}: {loaded} recorded, {duplicate} already there")
 
+    url = engine.url.render_as_string(hide_password=False)
     resources = {
-        "app_db": AppDatabase(url=engine.url.render_as_string(hide_password=False)),
-        # Unconfigured on purpose: the demo needs no network, and shows how an importer reports it.
+        "app_db": AppDatabase(url=url),
+        # Unconfigured on purpose: the demo needs no network. An unconfigured importer materializes
+        # nothing, so the demo selects only the rollup and says why the importers are left out.
         "plausible": PlausibleClient(),
         "github": GitHubReleasesClient(),
+        ROLLUP_IO_MANAGER: RollupFrameIOManager(url=url),
     }
-    assets = [site_analytics_daily, github_release_downloads_daily, measurement_daily_rollup]
-    for day in day_list:
-        result = dg.materialize(
-            assets,
-            partition_key=day.isoformat(),
-            instance=instance,
-            resources=resources,
-            run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-            raise_on_error=False,
-        )
-        rollup = _metadata(result, "measurement_daily_rollup")
-        importers = {
-            key: _metadata(result, key).get("status")
-            for key in ("site_analytics_daily", "github_release_downloads_daily")
-        }
-        echo(
-            f"      {day} {'SUCCESS' if result.success else 'FAILURE'}: rollup rows {rollup.get('rows')}, "
-            f"events {rollup.get('first_party_events')}; importers "
-            + ", ".join(f"{k} {v}" for k, v in importers.items())
-        )
+    for importer in (resources["plausible"], resources["github"]):
+        if not importer.is_configured():
+            echo(f"      {importer.name} is not configured, its asset is left out: {importer.not_configured_reason()}")
+    # The week in one run, as a backfill runs a range of days: one materialization per day all the same.
+    result = dg.materialize(
+        [measurement_daily],
+        selection=[ROLLUP_KEY],
+        instance=instance,
+        resources=resources,
+        tags={RANGE_START_TAG: day_list[0].isoformat(), RANGE_END_TAG: day_list[-1].isoformat()},
+        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+        raise_on_error=False,
+    )
+    status = "SUCCESS" if result.success else "FAILURE"
+    echo(f"      measurement_daily_rollup, {day_list[0]} .. {day_list[-1]} in one run: {status}")
+    for day, rollup in _rollup_days(result):
+        echo(f"        {day}: rollup rows {rollup.get('rows')}, events {rollup.get('first_party_events')}")
 
     with engine.connect() as conn:
         for campaign in DEMO_CAMPAIGNS:
@@ -125,8 +128,11 @@ def run_measurement_demo(
                 echo(f"      {line}" if line else "")
 
 
-def _metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
-    materializations = result.asset_materializations_for_node(asset)
-    if not materializations:
-        return {}
-    return {k: getattr(v, "value", v) for k, v in materializations[-1].metadata.items()}
+def _rollup_days(result: dg.ExecuteInProcessResult) -> list[tuple[str, dict[str, Any]]]:
+    """Each day's rollup materialization metadata, in day order."""
+    days = [
+        (event.partition or "", {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()})
+        for event in result.get_asset_materialization_events()
+        if event.asset_key == ROLLUP_KEY
+    ]
+    return sorted(days, key=lambda item: item[0])

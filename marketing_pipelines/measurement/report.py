@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Container
 from dataclasses import asdict, dataclass, field, replace
 from datetime import date, timedelta
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -30,6 +30,9 @@ from marketing_pipelines.db.fetch import fetch_tuples
 from marketing_pipelines.db.schema import measurement_daily_rollup, measurement_weekly_sketch
 from marketing_pipelines.measurement import sketches
 from marketing_pipelines.measurement.rollup import FIRST_PARTY, week_start
+
+if TYPE_CHECKING:
+    from marketing_pipelines.measurement.frames import ReportFrames
 
 FORMATS = ("table", "csv", "json")
 Key = tuple[str, str, str]  # source, stage, event_type
@@ -88,6 +91,13 @@ class MeasurementReport:
     totals: tuple[RangeTotal, ...]
     daily: tuple[DailyPoint, ...]
     funnel: tuple[FunnelStep, ...]
+
+    def to_frames(self) -> ReportFrames:
+        """The totals, daily points and funnel as pandas DataFrames (measurement/frames.py has the dtypes)."""
+        # Imported here: frames.py imports this module, and the CLI's report need not load pandas.
+        from marketing_pipelines.measurement.frames import report_frames
+
+        return report_frames(self)
 
 
 def parse_day(value: str, option: str) -> date:

@@ -5,10 +5,11 @@ The day boundary is UTC: a day holds events with ``occurred_at`` in [day 00:00 U
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -165,11 +166,26 @@ def partition_transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
 
 
 def replace_rollup_day(engine: sa.Engine, day: date) -> RollupSummary:
-    """Rebuild one day of ``measurement_daily_rollup``.
+    """Rebuild one day of ``measurement_daily_rollup``, then its week in ``measurement_weekly_sketch``."""
+    [summary] = replace_rollup_days(engine, [day])
+    return summary
 
-    Idempotent: the day's rows are deleted and rebuilt from the sources in one transaction, so
-    a re-run (retry, backfill, late events) replaces the day and never adds to it.
+
+def replace_rollup_days(engine: sa.Engine, days: Sequence[date]) -> list[RollupSummary]:
+    """Rebuild each of ``days`` in ``measurement_daily_rollup``, then each of their weeks once.
+
+    Idempotent: each day's rows are deleted and rebuilt from the sources in one transaction of its
+    own, so a re-run (retry, backfill, late events) replaces the day and never adds to it, and a
+    range that fails half-way keeps the days it finished. The weekly sketches are refreshed after
+    the days, once per week touched: a backfill of a year rewrites each week once, not seven times.
     """
+    built = [(day, _replace_day(engine, day)) for day in days]
+    week_rows = {monday: refresh_week(engine, monday) for monday in sorted({week_start(day) for day in days})}
+    return [_summary(day, totals, campaigns, week_rows[week_start(day)]) for day, (totals, campaigns) in built]
+
+
+def _replace_day(engine: sa.Engine, day: date) -> tuple[list[sa.Row[Any]], int]:
+    """One day's delete-and-rebuild in its own transaction; returns its totals by source and its campaign count."""
     now = datetime.now(UTC)
     r = measurement_daily_rollup
     with partition_transaction(engine) as conn:
@@ -234,8 +250,10 @@ def replace_rollup_day(engine: sa.Engine, day: date) -> RollupSummary:
             .group_by(r.c.source)
         ).all()
         campaigns = conn.execute(sa.select(sa.func.count(sa.distinct(r.c.campaign_id))).where(r.c.day == day)).scalar()
-    # After the day's commit, in a transaction of its own: see refresh_week for why.
-    week_rows = refresh_week(engine, week_start(day))
+    return list(totals), int(campaigns or 0)
+
+
+def _summary(day: date, totals: list[sa.Row[Any]], campaigns: int, week_rows: int) -> RollupSummary:
     by_source = {t.source: t for t in totals}
 
     def total(source: str, field: str) -> int:
@@ -250,7 +268,7 @@ def replace_rollup_day(engine: sa.Engine, day: date) -> RollupSummary:
         unique_actors_sum=total(FIRST_PARTY, "unique_actors"),
         site_pageviews=total(SITE_ANALYTICS, "raw_count"),
         downloads=total(GITHUB_RELEASES, "raw_count"),
-        campaigns=int(campaigns or 0),
+        campaigns=campaigns,
         week_start=week_start(day),
         week_rows=week_rows,
     )

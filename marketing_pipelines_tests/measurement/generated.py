@@ -11,10 +11,10 @@ import dagster as dg
 import pandas as pd
 import sqlalchemy as sa
 
-from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.measurement.assets import measurement_daily_rollup
+from marketing_pipelines.measurement.checks import ROLLUP_KEY
 from marketing_pipelines.measurement.events import record_events
 from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.measurement.runs import materialize_measurement
 
 CAMPAIGNS = ("alpha", "bravo", "charlie", "delta")
 STAGES = {
@@ -80,10 +80,6 @@ def seed(engine: sa.Engine, events: list[dict[str, Any]]) -> None:
         record_events(conn, events, source="test")
 
 
-def materialize_rollup(db_url: str, instance: dg.DagsterInstance, day: date) -> dg.ExecuteInProcessResult:
-    return dg.materialize(
-        [measurement_daily_rollup],
-        partition_key=day.isoformat(),
-        instance=instance,
-        resources={"app_db": AppDatabase(url=db_url)},
-    )
+def materialize_rollup(db_url: str, instance: dg.DagsterInstance, *days: date) -> dg.ExecuteInProcessResult:
+    """The rollup of one day, or of a range of days in one run (as a backfill run does)."""
+    return materialize_measurement([ROLLUP_KEY], db_url, days, instance)

@@ -10,24 +10,27 @@ import dagster as dg
 import httpx
 import sqlalchemy as sa
 
-from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import (
     github_release_asset_snapshot,
     github_release_download_daily,
     measurement_daily_rollup,
     site_analytics_daily,
 )
-from marketing_pipelines.measurement import assets
-from marketing_pipelines.measurement.assets import NOT_CONFIGURED, github_release_downloads_daily
-from marketing_pipelines.measurement.checks import check_no_unflagged_negative_delta
+from marketing_pipelines.measurement.checks import (
+    DOWNLOADS_KEY,
+    ROLLUP_KEY,
+    SITE_KEY,
+    check_no_unflagged_negative_delta,
+)
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.imports import import_repo_day
 from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.measurement.runs import materialize_measurement
 from marketing_pipelines_tests.measurement.test_importers import github_asset, github_release
 
 REPO = "acme/widget"
-site_asset, rollup_asset = assets.site_analytics_daily, assets.measurement_daily_rollup
+site_asset, github_release_downloads_daily, rollup_asset = SITE_KEY, DOWNLOADS_KEY, ROLLUP_KEY
 Handler = Any
 
 
@@ -82,34 +85,35 @@ def plausible_rows(day: date, rows: list[tuple[str, str, int, int]]) -> httpx.Re
 
 
 def materialize(
-    selection: list[Any], db_url: str, day: date, instance: dg.DagsterInstance | None = None, **clients: Any
+    selection: list[dg.AssetKey], db_url: str, day: date, instance: dg.DagsterInstance | None = None, **clients: Any
 ) -> dg.ExecuteInProcessResult:
-    return dg.materialize(
-        selection,
-        partition_key=day.isoformat(),
-        instance=instance or dg.DagsterInstance.ephemeral(),
-        resources={
-            "app_db": AppDatabase(url=db_url),
-            "plausible": clients.get("plausible", PlausibleClient()),
-            "github": clients.get("github", GitHubReleasesClient()),
-        },
-    )
+    return materialize_measurement(selection, db_url, [day], instance, **clients)
 
 
 def metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any]:
-    [materialization] = result.asset_materializations_for_node(asset)
-    return {k: getattr(v, "value", v) for k, v in materialization.metadata.items()}
+    [event] = [e for e in result.get_asset_materialization_events() if e.asset_key == dg.AssetKey(asset)]
+    return {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()}
 
 
-def test_unconfigured_importers_report_it_and_the_rollup_still_runs(engine: sa.Engine, db_url: str) -> None:
+def test_unconfigured_importers_materialize_nothing_and_the_rollup_still_runs(engine: sa.Engine, db_url: str) -> None:
     add_campaign(engine, "alpha", utm_campaign="alpha26", github_repo=REPO)
-    result = materialize([site_asset, github_release_downloads_daily, rollup_asset], db_url, date(2026, 11, 26))
+    instance = dg.DagsterInstance.ephemeral()
+    day = date(2026, 11, 26)
+    result = materialize([site_asset, github_release_downloads_daily, rollup_asset], db_url, day, instance)
     assert result.success
-    site, github = metadata(result, "site_analytics_daily"), metadata(result, "github_release_downloads_daily")
-    assert (site["status"], site["rows"]) == (NOT_CONFIGURED, 0)
-    assert "PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID" in site["reason"]
-    assert github["status"] == NOT_CONFIGURED and "GITHUB_TOKEN" in github["reason"]
+    # The importers' days stay missing (a backfill fills them once configured); the log says why.
+    assert [e.asset_key for e in result.get_asset_materialization_events()] == [ROLLUP_KEY]
+    assert instance.get_materialized_partitions(SITE_KEY) == set()
+    assert instance.get_materialized_partitions(DOWNLOADS_KEY) == set()
+    assert instance.get_materialized_partitions(ROLLUP_KEY) == {day.isoformat()}
+    logged = _log(instance, result)
+    assert "plausible is not configured, so 2026-11-26 is not materialized: set PLAUSIBLE_API_KEY and" in logged
+    assert "github_releases is not configured, so 2026-11-26 is not materialized: set GITHUB_TOKEN" in logged
     assert metadata(result, "measurement_daily_rollup")["rows"] == 0
+
+
+def _log(instance: dg.DagsterInstance, result: dg.ExecuteInProcessResult) -> str:
+    return "\n".join(r.user_message for r in instance.all_logs(result.run_id) if r.user_message)
 
 
 def test_site_analytics_replaces_its_day_and_maps_by_utm_campaign(engine: sa.Engine, db_url: str) -> None:
@@ -190,12 +194,12 @@ def test_download_deltas_across_days(engine: sa.Engine) -> None:
     assert again.snapshot == "stored" and deltas(engine, days[1]) == {2: (0, -10, False, True), 4: (5, 5, False, False)}
 
     with engine.connect() as conn:
-        assert check_no_unflagged_negative_delta(conn, days[1]).passed
+        assert check_no_unflagged_negative_delta(conn, [days[1]]).passed
     with engine.begin() as conn:
         g = github_release_download_daily
         conn.execute(sa.update(g).where(g.c.day == days[1], g.c.asset_id == 2).values(negative_clamped=False))
     with engine.connect() as conn:
-        assert not check_no_unflagged_negative_delta(conn, days[1]).passed
+        assert not check_no_unflagged_negative_delta(conn, [days[1]]).passed
 
 
 def test_github_asset_yesterday_then_today(engine: sa.Engine, db_url: str) -> None:

@@ -86,7 +86,7 @@ def test_rematerializing_a_partition_is_idempotent(engine: sa.Engine, db_url: st
     before = rollup_frame(engine)
     second = materialize_rollup(db_url, instance, DAYS[1])
     pd.testing.assert_frame_equal(rollup_frame(engine), before)
-    metadata = [r.asset_materializations_for_node("measurement_daily_rollup")[0].metadata for r in (first, second)]
+    metadata = [r.get_asset_materialization_events()[0].materialization.metadata for r in (first, second)]
     assert metadata[0]["rows"] == metadata[1]["rows"]
     assert metadata[0]["first_party_events"].value == int(before["raw_count"].sum())
     # Its week in the weekly sketch index is rebuilt too: one row per key of the one rolled-up day.
@@ -168,8 +168,8 @@ def test_count_check_fails_after_a_late_event_and_unique_check_on_a_bad_row(engi
     day = DAYS[0]
     replace_rollup_day(engine, day)
     with engine.connect() as conn:
-        assert check_first_party_count(conn, day).passed
-        assert check_unique_actors_within_raw_count(conn, day).passed
+        assert check_first_party_count(conn, [day]).passed
+        assert check_unique_actors_within_raw_count(conn, [day]).passed
     with engine.begin() as conn:
         record_events(
             conn,
@@ -191,10 +191,10 @@ def test_count_check_fails_after_a_late_event_and_unique_check_on_a_bad_row(engi
             .values(unique_actors=r.c.raw_count + 1)
         )
     with engine.connect() as conn:
-        count_check = check_first_party_count(conn, day)
+        count_check = check_first_party_count(conn, [day])
         assert not count_check.passed and count_check.check_name == FIRST_PARTY_COUNT_MATCHES
         assert count_check.metadata["events"].value == count_check.metadata["rollup_raw_count"].value + 1
-        assert not check_unique_actors_within_raw_count(conn, day).passed
+        assert not check_unique_actors_within_raw_count(conn, [day]).passed
 
 
 @pytest.mark.parametrize("day", [DAYS[1]])

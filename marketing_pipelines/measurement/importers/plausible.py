@@ -1,4 +1,4 @@
-"""Plausible Stats API v2 importer: one day's visitors and pageviews per UTM campaign and page."""
+"""Plausible Stats API v2 importer: visitors and pageviews per day, UTM campaign and page, for a range of days."""
 
 from __future__ import annotations
 
@@ -64,24 +64,39 @@ class PlausibleClient(dg.ConfigurableResource):
 
     def daily_campaign_stats(self, day: dt.date) -> list[SiteAnalyticsRow]:
         """Every (campaign, page) row of ``day``, across as many pages as the API needs."""
+        return self.campaign_stats(day, day)[day]
+
+    def campaign_stats(self, first: dt.date, last: dt.date) -> dict[dt.date, list[SiteAnalyticsRow]]:
+        """Every (day, campaign, page) row of the days ``first`` to ``last``, keyed by day (every day present).
+
+        One query covers the whole range, since the results are already broken down by ``time:day``: a
+        backfill of a year spends as many requests as it has pages of rows, not one per day, against
+        Plausible's hourly request limit.
+        """
         if not self.is_configured():
             raise ImporterNotConfigured(f"{SERVICE}: {self.not_configured_reason()}")
-        rows: list[SiteAnalyticsRow] = []
+        if last < first:
+            raise ValueError(f"range ends ({last}) before it starts ({first})")
+        by_day: dict[dt.date, list[SiteAnalyticsRow]] = {
+            first + dt.timedelta(days=n): [] for n in range((last - first).days + 1)
+        }
         offset = 0
         with self._client() as client:
             while True:
-                page = self._fetch_page(client, self._query_body(day, offset))
-                rows.extend(_parse_row(item, day) for item in page)
+                page = self._fetch_page(client, self._query_body(first, last, offset))
+                for item in page:
+                    row = _parse_row(item, first, last)
+                    by_day[row.day].append(row)
                 if len(page) < self.page_size:
-                    return rows
+                    return by_day
                 offset += self.page_size
 
-    def _query_body(self, day: dt.date, offset: int) -> dict[str, Any]:
-        """The JSON query for one page of ``day``."""
+    def _query_body(self, first: dt.date, last: dt.date, offset: int) -> dict[str, Any]:
+        """The JSON query for one page of the days ``first`` to ``last``."""
         return {
             "site_id": self.site_id,
             "metrics": list(METRICS),
-            "date_range": [day.isoformat(), day.isoformat()],
+            "date_range": [first.isoformat(), last.isoformat()],
             "dimensions": list(DIMENSIONS),
             "filters": [["is_not", "visit:utm_campaign", [NO_CAMPAIGN]]],
             # The default order (time, then visitors desc) ties between rows, and offset pagination over a
@@ -137,7 +152,7 @@ def _error_field(response: httpx.Response) -> str:
     return response.text[:300].strip()
 
 
-def _parse_row(item: Any, day: dt.date) -> SiteAnalyticsRow:
+def _parse_row(item: Any, first: dt.date, last: dt.date) -> SiteAnalyticsRow:
     try:
         (row_day, campaign, page), (visitors, pageviews) = item["dimensions"], item["metrics"]
         row = SiteAnalyticsRow(
@@ -149,7 +164,8 @@ def _parse_row(item: Any, day: dt.date) -> SiteAnalyticsRow:
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ServiceError(SERVICE, f"unexpected result row {item!r}: {exc}") from exc
-    if row.day != day:
-        # Callers replace exactly one day's partition with these rows; a row from another day would land in it.
-        raise ServiceError(SERVICE, f"asked for {day.isoformat()} but got a row for {row.day.isoformat()}")
+    if not first <= row.day <= last:
+        # Callers replace exactly the asked days' partitions with these rows; a row from another day would land in one.
+        asked = first.isoformat() if first == last else f"{first.isoformat()}..{last.isoformat()}"
+        raise ServiceError(SERVICE, f"asked for {asked} but got a row for {row.day.isoformat()}")
     return row

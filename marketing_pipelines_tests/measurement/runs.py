@@ -1,0 +1,53 @@
+"""Running the measurement multi-asset in-process, for one day or a backfill run's range of days."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import date
+from typing import Any
+
+import dagster as dg
+
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.measurement.assets import RANGE_END_TAG, RANGE_START_TAG, ROLLUP_IO_MANAGER, measurement_daily
+from marketing_pipelines.measurement.frames import RollupFrameIOManager
+from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
+from marketing_pipelines.measurement.importers.plausible import PlausibleClient
+
+
+def materialize_measurement(
+    selection: Sequence[dg.AssetKey],
+    db_url: str,
+    days: Sequence[date],
+    instance: dg.DagsterInstance | None = None,
+    **clients: Any,
+) -> dg.ExecuteInProcessResult:
+    """Materialize ``selection`` for ``days``: one day as a partition run, several as one range run.
+
+    A range run is what a backfill launches under BackfillPolicy.multi_run: the same partition
+    range tags the backfill daemon puts on each of its runs.
+    """
+    first, last = min(days), max(days)
+    partition = {"partition_key": first.isoformat()} if first == last else {}
+    tags = (
+        {}
+        if first == last
+        else {
+            RANGE_START_TAG: first.isoformat(),
+            RANGE_END_TAG: last.isoformat(),
+        }
+    )
+    return dg.materialize(
+        [measurement_daily],
+        selection=list(selection),
+        instance=instance or dg.DagsterInstance.ephemeral(),
+        resources={
+            "app_db": AppDatabase(url=db_url),
+            "plausible": clients.get("plausible", PlausibleClient()),
+            "github": clients.get("github", GitHubReleasesClient()),
+            ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
+        },
+        tags=tags,
+        raise_on_error=clients.get("raise_on_error", True),
+        **partition,
+    )
