@@ -700,3 +700,21 @@ def test_derive_download_deltas(
     expected: list[DownloadDelta],
 ) -> None:
     assert derive_download_deltas(previous, current, repo_has_history) == expected
+
+
+def test_plausible_range_is_one_query_keyed_by_day_and_refuses_a_row_outside_it() -> None:
+    first, last = DAY - dt.timedelta(days=2), DAY
+
+    def rows_for(days: list[dt.date]) -> httpx.Response:
+        results = [{"dimensions": [d.isoformat(), "spring", "/"], "metrics": [3, 4]} for d in days]
+        return httpx.Response(200, json={"results": results, "meta": {}, "query": {}})
+
+    recorder = Recorder(lambda request: rows_for([first, last]))
+    by_day = plausible(recorder).campaign_stats(first, last)
+    assert [json.loads(r.content)["date_range"] for r in recorder.requests] == [[first.isoformat(), last.isoformat()]]
+    # Every asked day is present, so a day without visits is replaced by no rows rather than left alone.
+    assert {d: len(rows) for d, rows in by_day.items()} == {first: 1, first + dt.timedelta(days=1): 0, last: 1}
+
+    outside = Recorder(lambda request: rows_for([last + dt.timedelta(days=1)]))
+    with pytest.raises(ServiceError, match=r"asked for 2026-11-24\.\.2026-11-26 but got a row for 2026-11-27"):
+        plausible(outside).campaign_stats(first, last)
