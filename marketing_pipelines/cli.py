@@ -14,8 +14,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
-import dagster as dg
 import sqlalchemy as sa
+
+# The warning classes dagster re-exports, without importing dagster itself: that import alone takes about a
+# second, which every command would pay (events load of a big file included) though most never run Dagster.
+from dagster_shared.utils.warnings import BetaWarning, PreviewWarning
 
 from marketing_pipelines.agents.token_bucket import MAX_BURST, MAX_CALLS_PER_MINUTE
 from marketing_pipelines.db.campaigns import Campaign, InvalidInput, add_campaign, list_campaigns
@@ -129,8 +132,8 @@ def main() -> None:
       marketing-pipelines demo
     """
     # Dagster flags its own beta parameters on every load; they say nothing to a CLI user.
-    warnings.filterwarnings("ignore", category=dg.BetaWarning)
-    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+    warnings.filterwarnings("ignore", category=BetaWarning)
+    warnings.filterwarnings("ignore", category=PreviewWarning)
 
 
 # --- db ---------------------------------------------------------------------------------------
@@ -457,6 +460,8 @@ def events_load(file: str, source: str) -> None:
     import sys
     from pathlib import Path
 
+    from tqdm import tqdm
+
     from marketing_pipelines.measurement.events import file_format, load_events_file, reject_file_label
 
     path = Path(file)
@@ -464,8 +469,18 @@ def events_load(file: str, source: str) -> None:
     eng = engine()
     ensure_schema_current(eng)
     size = path.stat().st_size
-    if sys.stderr.isatty() and size > 0:
-        with click.progressbar(length=size, label=f"loading {path.name}", file=sys.stderr) as bar:
+    interactive = sys.stderr.isatty()
+    if size > 0 and (interactive or size >= PROGRESS_MIN_BYTES):
+        # In a log (stderr not a terminal) the bar redraws rarely, so a long load leaves a few lines, not thousands.
+        with tqdm(
+            total=size,
+            desc=f"loading {path.name}",
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            file=sys.stderr,
+            mininterval=0.5 if interactive else 30,
+        ) as bar:
             counts = load_events_file(eng, path, progress=bar.update, source=source)
     else:
         counts = load_events_file(eng, path, source=source)
@@ -485,6 +500,8 @@ def events_load(file: str, source: str) -> None:
 
 
 REASONS_SHOWN = 10
+# events load shows a progress bar on a terminal, and in logs for files this large.
+PROGRESS_MIN_BYTES = 100 * 1024 * 1024
 
 
 @events.command("rejects")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import tracemalloc
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +13,24 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
+from marketing_pipelines import cli
 from marketing_pipelines.cli import main
-from marketing_pipelines.db.campaigns import InvalidInput
+from marketing_pipelines.db.campaigns import InvalidInput, loads_json
+from marketing_pipelines.db.engine import get_engine
+from marketing_pipelines.db.schema import campaign as campaign_table
 from marketing_pipelines.db.schema import marketing_event, marketing_event_reject
+from marketing_pipelines.measurement import events as events_module
 from marketing_pipelines.measurement.events import (
+    COPY_MIN_ROWS,
     MAX_LINE_BYTES,
+    MAX_PROPERTIES_BYTES,
+    PROGRESS_STEP_BYTES,
+    InvalidEvent,
+    LoadCounts,
     _jsonl_records,
+    _loads_strict,
     _physical_lines,
+    _validated_row,
     list_rejects,
     load_events_file,
     record_events,
@@ -323,3 +336,381 @@ def add_campaign_for(db_url: str) -> None:
     from marketing_pipelines.db.engine import get_engine
 
     add_campaign(get_engine(db_url), "spring-launch")
+
+
+# --- the COPY path (PostgreSQL) and the INSERT paths (SQLite, small record_events batches) ---------------
+
+# Each breaks COPY's text format unless escaped, or reads as its NULL (\N) or end-of-data marker (\.).
+HOSTILE_TEXTS = [
+    "tab\there",
+    "new\nline",
+    "carriage\rreturn",
+    "back\\slash",
+    "\\N",
+    "\\.",
+    "\\t is not a tab",
+    'say "hi"',
+    "é 😀 \x7f",
+    "ends in \\",
+]
+
+
+def hostile_events() -> list[dict[str, Any]]:
+    events = [
+        event(
+            event_id=f"h{i}-{text}",
+            stage=text,
+            event_type=text,
+            actor_id=text,
+            source=text,
+            properties={text: text, "nested": [text, {"k": text}]},
+        )
+        for i, text in enumerate(HOSTILE_TEXTS)
+    ]
+    return [
+        *events,
+        event(event_id="no-actor", actor_id=..., source=...),
+        event(event_id="empty-actor", actor_id=""),
+        # Integers beyond 64 bits stay exact integers; orjson alone would make them floats.
+        event(event_id="numbers", properties={"big": 12345678901234567890123, "low": -(2**64), "f": 0.1, "e": 1e-7}),
+        event(event_id=12345678901234567890123),
+        event(event_id="offset", occurred_at="2026-11-26T10:00:00.123456+05:30"),
+    ]
+
+
+def write_jsonl(path: Path, records: list[Any]) -> Path:
+    # Half the lines escape non-ASCII (\u00e9), half carry it as UTF-8: both go through the parser.
+    lines = [r if isinstance(r, str) else json.dumps(r, ensure_ascii=i % 2 == 0) for i, r in enumerate(records)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def snapshot(engine: sa.Engine) -> tuple[dict[str, tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """Every stored event (without ingested_at) and every reject row (without rejected_at)."""
+    t = marketing_event_reject
+    with engine.connect() as conn:
+        stored = {
+            r["event_id"]: tuple(v for k, v in r.items() if k != "ingested_at")
+            for r in conn.execute(sa.select(marketing_event)).mappings()
+        }
+        reject_rows = conn.execute(
+            sa.select(t.c.line_number, t.c.reason, t.c.raw, t.c.raw_sha256).order_by(t.c.line_number, t.c.reason)
+        ).all()
+    return stored, [tuple(r) for r in reject_rows]
+
+
+def counted(counts: LoadCounts) -> tuple[Any, ...]:
+    return (counts.loaded, counts.duplicate, counts.conflict, counts.rejected, counts.unparseable, counts.reasons)
+
+
+def test_copy_and_sqlite_loads_store_the_same_rows_rejects_and_conflicts(
+    sqlite_url: str, pg_url: str, tmp_path: Path
+) -> None:
+    events = hostile_events()
+    first = write_jsonl(
+        tmp_path / "first.jsonl",
+        [
+            *events,
+            events[0],  # the same event again: a duplicate
+            event(event_id="nul", actor_id="a\x00b"),  # PostgreSQL text cannot hold NUL: a reject
+            event(event_id="nul-properties", properties={"k": "a\x00b"}),
+            '{"event_id": "tab\tinside the line"',  # not JSON; its raw line holds a tab
+        ],
+    )
+    second = write_jsonl(
+        tmp_path / "second.jsonl",
+        [
+            {**events[1], "stage": "changed"},  # stored with a different stage: a conflict
+            {**events[2], "properties": {"\\": "\\N"}},
+            event(event_id="h-new\t\\N", actor_id="\\N"),
+        ],
+    )
+    results = {}
+    for url in (sqlite_url, pg_url):
+        engine = get_engine(url)
+        add_campaign(engine, "spring-launch")
+        # batch_size 4: the files span several chunks, so hostile rows meet chunk boundaries too.
+        loads = [counted(load_events_file(engine, path, batch_size=4)) for path in (first, second)]
+        results[url] = (loads, snapshot(engine))
+    assert results[pg_url] == results[sqlite_url]
+
+    (first_counts, second_counts), (stored, reject_rows) = results[pg_url]
+    assert first_counts[:5] == (len(events), 1, 0, 3, 1)
+    assert second_counts[:4] == (1, 0, 2, 0)
+    for i, text in enumerate(HOSTILE_TEXTS):
+        _, _, stage, event_type, actor_id, _, source, properties = stored[f"h{i}-{text}"]
+        assert (stage, event_type, actor_id, source) == (text, text, text, text)
+        assert properties == {text: text, "nested": [text, {"k": text}]}
+    assert stored["h-new\t\\N"][4] == "\\N"  # the text \N, not NULL
+    assert stored["no-actor"][4] is None and stored["empty-actor"][4] is None
+    numbers = stored["numbers"][7]
+    assert numbers == {"big": 12345678901234567890123, "low": -(2**64), "f": 0.1, "e": 1e-7}
+    assert type(numbers["big"]) is int
+    assert "12345678901234567890123" in stored
+    assert stored["offset"][5] == datetime(2026, 11, 26, 4, 30, 0, 123456, tzinfo=UTC)
+    assert [(n, reason[:40]) for n, reason, _, _ in reject_rows] == [
+        (1, f"event_id {events[1]['event_id']!r} is already stored with a different stage; not loaded"[:40]),
+        (2, f"event_id {events[2]['event_id']!r} is already stored with a different properties; not loaded"[:40]),
+        (len(events) + 2, "field 'actor_id' contains a NUL character"[:40]),
+        (len(events) + 3, "properties contain a NUL character"),
+        (len(events) + 4, "not valid JSON: Invalid control characte"),
+    ]
+    assert reject_rows[-1][2] == '{"event_id": "tab\tinside the line"'  # the raw line, its tab kept
+
+
+def test_record_events_stores_the_same_through_copy_and_through_insert(sqlite_url: str, pg_url: str) -> None:
+    bulk = [*hostile_events(), *(event(event_id=f"bulk{i}", actor_id=f"u{i}") for i in range(COPY_MIN_ROWS))]
+    again = [*bulk[:3], {**bulk[3], "stage": "changed"}, event(event_id="late")]
+    small = COPY_MIN_ROWS // 3
+
+    def record(url: str, batches: list[list[dict[str, Any]]]) -> tuple[tuple[Any, ...], dict[str, tuple[Any, ...]]]:
+        engine = get_engine(url)
+        # Several calls in one transaction, as the demo makes them: the staging table is made and dropped per call.
+        with engine.begin() as conn:
+            results = [record_events(conn, batch) for batch in batches]
+        total = (
+            sum(r.loaded for r in results),
+            sum(r.duplicate for r in results),
+            sum(r.conflict for r in results),
+            [c for r in results for c in r.conflicts],
+        )
+        return total, snapshot(engine)[0]
+
+    add_campaign(get_engine(sqlite_url), "spring-launch")
+    add_campaign(get_engine(pg_url), "spring-launch")
+    reference = record(sqlite_url, [bulk, again])
+    through_copy = record(pg_url, [bulk, again])  # len(bulk) >= COPY_MIN_ROWS
+    with get_engine(pg_url).begin() as conn:
+        conn.execute(sa.delete(marketing_event))
+    through_insert = record(pg_url, [bulk[i : i + small] for i in range(0, len(bulk), small)] + [again])
+    assert through_copy == reference == through_insert
+    assert reference[0][:3] == (len(bulk) + 1, 3, 1)
+
+
+def test_record_events_copies_on_an_autocommit_connection(pg_url: str) -> None:
+    # Every statement commits on its own: the staging table must outlive the statement that makes it.
+    engine = get_engine(pg_url)
+    add_campaign(engine, "spring-launch")
+    events = [event(event_id=f"a{i}") for i in range(COPY_MIN_ROWS)]
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        assert record_events(conn, events).loaded == COPY_MIN_ROWS
+        assert record_events(conn, events).duplicate == COPY_MIN_ROWS
+    assert len(stored_events(engine)) == COPY_MIN_ROWS
+
+
+def test_duplicates_conflicts_and_bad_lines_within_and_across_chunks(
+    engine: sa.Engine, campaign: str, tmp_path: Path
+) -> None:
+    # Line n holds event e{n}; chunks of 10 lines: 1-10, 11-20, 21-25.
+    records: list[Any] = [event(event_id=f"e{n}", actor_id=f"u{n}") for n in range(1, 26)]
+    records[3 - 1] = records[1 - 1]  # e1 again in the same chunk: a duplicate
+    records[10 - 1] = "not json"  # the last line of chunk 1 is bad
+    records[11 - 1] = event(event_id="e11", campaign_id="nope")  # and the first of chunk 2
+    records[15 - 1] = {**records[2 - 1], "stage": "conversion"}  # e2, stored by chunk 1, differs: a conflict
+    records[17 - 1] = {**records[16 - 1], "event_type": "purchase"}  # e16 differs within chunk 2: a conflict
+    records[21 - 1] = records[16 - 1]  # e16 again in chunk 3: a duplicate
+    path = write_jsonl(tmp_path / "events.jsonl", records)
+
+    counts = load_events_file(engine, path, batch_size=10)
+
+    assert (counts.loaded, counts.duplicate, counts.conflict, counts.rejected) == (19, 2, 2, 2)
+    assert set(stored_events(engine)) == {f"e{n}" for n in range(1, 26)} - {"e3", "e10", "e11", "e15", "e17", "e21"}
+    assert stored_events(engine)["e2"]["stage"] == "awareness" and stored_events(engine)["e16"]["event_type"] == (
+        "page_view"
+    )
+    assert {reason: lines for reason, lines in counts.reasons.items() if "JSON" not in reason} == {
+        "unknown campaign 'nope'": [11],
+        "event_id 'e2' is already stored with a different stage; not loaded": [15],
+        "event_id 'e16' is already stored with a different event_type; not loaded": [17],
+    }
+    assert [n for n, _, _ in rejects(engine)] == [10, 11, 15, 17]
+
+
+def padded_lines(path: Path, count: int, pad: int, campaign_of: Any = lambda n: "spring-launch") -> int:
+    """``count`` lines of equal length (e0001, e0002, ...); returns the length of one with its newline."""
+    lines = [
+        json.dumps(event(event_id=f"e{n:04d}", campaign_id=campaign_of(n), properties={"pad": "p" * pad}))
+        for n in range(1, count + 1)
+    ]
+    assert len({len(line) for line in lines}) == 1
+    path.write_text("\n".join(lines) + "\n")
+    return len(lines[0]) + 1
+
+
+class Interrupted(Exception):
+    pass
+
+
+@pytest.mark.parametrize("chunk_bound", ["lines", "bytes"])
+def test_an_interrupted_load_keeps_the_chunks_before_and_loses_the_one_being_read(
+    engine: sa.Engine, campaign: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_bound: str
+) -> None:
+    path = tmp_path / "events.jsonl"
+    line_bytes = padded_lines(path, 1000, pad=2000)
+    per_chunk = 50
+    batch_size = per_chunk
+    if chunk_bound == "bytes":  # a chunk also ends once its lines hold LOAD_CHUNK_BYTES
+        monkeypatch.setattr(events_module, "LOAD_CHUNK_BYTES", per_chunk * (line_bytes - 1))
+        batch_size = 10**6
+
+    def progress(_: int) -> None:
+        raise Interrupted  # as Ctrl-C would, the first time progress is reported
+
+    with pytest.raises(Interrupted):
+        load_events_file(engine, path, progress=progress, batch_size=batch_size)
+    # Progress is first reported on reading the line that completes PROGRESS_STEP_BYTES; the lines before it
+    # were read, and every full chunk among them committed, on its own, as a sequential loader commits them.
+    read = -(-PROGRESS_STEP_BYTES // line_bytes) - 1
+    expected = read // per_chunk * per_chunk
+    assert 0 < expected < read
+    assert len(stored_events(engine)) == expected
+
+
+def test_a_chunk_the_database_refuses_stops_the_load_after_the_chunks_before(
+    engine: sa.Engine, campaign: str, tmp_path: Path
+) -> None:
+    add_campaign(engine, "autumn-launch")
+    path = tmp_path / "events.jsonl"
+    line_bytes = padded_lines(
+        path, 300, pad=8000, campaign_of=lambda n: "autumn-launch" if 150 < n <= 200 else "spring-launch"
+    )
+    assert PROGRESS_STEP_BYTES // line_bytes < 150  # progress is reported before the autumn-launch lines
+
+    def delete_autumn_launch(_: int) -> None:
+        with engine.begin() as conn:
+            conn.execute(sa.delete(campaign_table).where(campaign_table.c.id == "autumn-launch"))
+
+    # Validated against the campaigns of the load's start, lines 151-200 fail the foreign key in the database:
+    # lines 1-150 stay, and nothing after the failed chunk is written.
+    with pytest.raises(sa.exc.IntegrityError):
+        load_events_file(engine, path, progress=delete_autumn_launch, batch_size=50)
+    assert len(stored_events(engine)) == 150
+
+
+# (JSON text, what loads_json makes of it: its value, or its exception and message)
+STRICT_JSON_CASES = [
+    ('{"a": 1, "b": [1.5, "x", null, true]}', {"a": 1, "b": [1.5, "x", None, True]}),
+    ('{"a": 12345678901234567890123}', {"a": 12345678901234567890123}),  # orjson alone: 1.2345678901234568e+22
+    ('{"a": -9223372036854775809}', {"a": -9223372036854775809}),
+    ('{"a": 18446744073709551616}', {"a": 18446744073709551616}),
+    ('{"a": 1.5e300, "b": 1e-400}', {"a": 1.5e300, "b": 0.0}),
+    ('{"a": "\\ud83d\\ude00"}', {"a": "😀"}),
+    ('{"a": "\\ud800"}', {"a": "\ud800"}),  # orjson refuses a lone surrogate; loads_json reads it, validation rejects
+    ('{"a": NaN}', (ValueError, "NaN is not a JSON number")),
+    ('{"a": Infinity}', (ValueError, "Infinity is not a JSON number")),
+    ('{"a": -Infinity}', (ValueError, "-Infinity is not a JSON number")),
+    ('{"a": 1e400}', (ValueError, "number 1e400 is out of range")),
+    ('{"a": -1e400}', (ValueError, "number -1e400 is out of range")),
+    ('{"a": 1,}', (json.JSONDecodeError, "Expecting property name enclosed in double quotes")),
+    ("\ufeff{}", (json.JSONDecodeError, "Unexpected UTF-8 BOM")),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), STRICT_JSON_CASES)
+def test_the_fast_parser_reads_json_as_loads_json_does(text: str, expected: Any) -> None:
+    [line] = _jsonl_records(iter([(1, text.encode("utf-8"), None)]))
+    if isinstance(expected, tuple):
+        exception, message = expected
+        for parse in (loads_json, _loads_strict):
+            with pytest.raises(exception, match=re.escape(message)):
+                parse(text)
+        assert line.record is None and message in (line.reason or "")
+    else:
+        # repr tells 1 from 1.0 and an integer from a float.
+        assert repr(loads_json(text)) == repr(_loads_strict(text)[0]) == repr(line.record) == repr(expected)
+
+
+def test_numbers_beyond_64_bits_and_non_finite_ones_in_jsonl_and_csv(
+    engine: sa.Engine, campaign: str, tmp_path: Path
+) -> None:
+    base = json.dumps(event(event_id="X", properties=...))[:-1]
+    jsonl = tmp_path / "events.jsonl"
+    jsonl.write_text(
+        "\n".join(
+            [
+                base.replace('"X"', '"big"')
+                + ', "properties": {"n": 12345678901234567890123, "m": -18446744073709551616}}',
+                base.replace('"X"', "12345678901234567890123") + "}",
+                base.replace('"X"', '"inf"') + ', "properties": {"n": Infinity}}',
+                base.replace('"X"', '"neg"') + ', "properties": {"n": -1e400}}',
+                base.replace('"X"', '"nan"') + ', "occurred_at": NaN}',
+            ]
+        )
+        + "\n"
+    )
+    csv_file = tmp_path / "events.csv"
+    csv_file.write_text(
+        "event_id,campaign_id,stage,event_type,occurred_at,properties\n"
+        'c-big,spring-launch,s,t,2026-11-26T10:00:00Z,"{""n"": 12345678901234567890123}"\n'
+        'c-inf,spring-launch,s,t,2026-11-26T10:00:00Z,"{""n"": 1e400}"\n'
+        'c-nan,spring-launch,s,t,2026-11-26T10:00:00Z,"{""n"": NaN}"\n'
+    )
+    assert load_events_file(engine, jsonl).loaded == 2
+    assert load_events_file(engine, csv_file).loaded == 1
+    stored = stored_events(engine)
+    assert stored["big"]["properties"] == {"n": 12345678901234567890123, "m": -18446744073709551616}
+    assert type(stored["big"]["properties"]["n"]) is int
+    assert "12345678901234567890123" in stored
+    assert stored["c-big"]["properties"] == {"n": 12345678901234567890123}
+    assert [reason for _, reason, _ in rejects(engine)] == [
+        "not valid JSON: Infinity is not a JSON number",
+        "properties is not valid JSON: number 1e400 is out of range",
+        "not valid JSON: number -1e400 is out of range",
+        "properties is not valid JSON: NaN is not a JSON number",
+        "not valid JSON: NaN is not a JSON number",
+    ]
+
+
+def test_deeply_nested_json_is_a_reject_not_a_crash(engine: sa.Engine, campaign: str, tmp_path: Path) -> None:
+    deep = "[" * 5000 + "]" * 5000  # past both parsers' depth limits: loads_json raised RecursionError
+    nested_300: Any = []
+    for _ in range(300):  # deeper than orjson writes (254), shallower than json reads: stored as it is
+        nested_300 = [nested_300]
+    base = json.dumps(event(event_id="X", properties=...))[:-1]
+    path = tmp_path / "events.jsonl"
+    path.write_text(
+        "\n".join(
+            [
+                base.replace('"X"', '"deep"') + ', "properties": {"a": ' + deep + "}}",
+                json.dumps(event(event_id="nested", properties={"a": nested_300})),
+                json.dumps(event(event_id="after")),
+            ]
+        )
+        + "\n"
+    )
+    counts = load_events_file(engine, path)
+    assert (counts.loaded, counts.rejected) == (2, 1)
+    assert [reason for _, reason, _ in rejects(engine)] == ["not valid JSON: nested too deeply"]
+    assert stored_events(engine)["nested"]["properties"] == {"a": nested_300}
+
+
+@pytest.mark.parametrize("char", ["a", "é", "\x7f", "😀", '"', "\n"])
+def test_the_properties_size_limit_counts_json_text_as_before(char: str) -> None:
+    # Properties whose compact, ASCII-escaped JSON is exactly the limit pass; one character more does not.
+    width = len(json.dumps(char)) - 2
+    room = MAX_PROPERTIES_BYTES - len('{"k":""}')
+    value = char * (room // width) + "a" * (room % width)
+    now = datetime.now(UTC)
+    for text, accepted in ((value, True), (value + "a", False)):
+        line = json.dumps(event(properties={"k": text})).encode()
+        [parsed] = _jsonl_records(iter([(1, line, None)]))
+        assert parsed.json_native and parsed.record is not None
+        if accepted:
+            row = _validated_row(parsed.record, {"spring-launch"}, "file", now, parsed.json_native)
+            assert row.properties == {"k": text}
+            assert json.loads(row.properties_json) == {"k": text}
+        else:
+            with pytest.raises(InvalidEvent, match="properties are larger than"):
+                _validated_row(parsed.record, {"spring-launch"}, "file", now, parsed.json_native)
+
+
+def test_events_load_shows_progress_on_large_files(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_campaign_for(db_url)
+    path = write_jsonl(tmp_path / "events.jsonl", [event(event_id="a"), event(event_id="b")])
+    monkeypatch.setattr(cli, "PROGRESS_MIN_BYTES", 1)
+    result = CliRunner().invoke(main, ["events", "load", str(path)], catch_exceptions=False)
+    assert result.exit_code == 0
+    assert "loading events.jsonl" in result.stderr and "100%" in result.stderr
+    assert result.stdout == "loaded 2, duplicate 0, conflict 0, rejected 0\n"
