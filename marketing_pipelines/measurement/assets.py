@@ -16,9 +16,12 @@ from marketing_pipelines.http import RateLimited, ServiceError
 from marketing_pipelines.measurement.checks import (
     DOWNLOAD_CHECK_SPECS,
     DOWNLOADS_KEY,
+    FIRST_PARTY_COUNT_MATCHES,
+    NO_UNFLAGGED_NEGATIVE_DELTA,
     ROLLUP_CHECK_SPECS,
     ROLLUP_KEY,
     SITE_KEY,
+    UNIQUE_ACTORS_WITHIN_RAW_COUNT,
     check_first_party_count,
     check_no_unflagged_negative_delta,
     check_unique_actors_within_raw_count,
@@ -171,8 +174,9 @@ def measurement_daily(
         yield from rollup(context, engine, days)
 
 
-def _selected(context: dg.AssetExecutionContext, check: dg.AssetCheckResult) -> bool:
-    return dg.AssetCheckKey(check.asset_key, check.check_name) in context.selected_asset_check_keys
+def _selected(context: dg.AssetExecutionContext, asset: dg.AssetKey, check_name: str) -> bool:
+    """Whether the run asked for this check: a check left out of the selection is not computed at all."""
+    return dg.AssetCheckKey(asset, check_name) in context.selected_asset_check_keys
 
 
 def site_analytics(
@@ -267,10 +271,9 @@ def release_downloads(
                 "status": dg.MetadataValue.text("imported"),
             },
         )
-    with engine.connect() as conn:
-        check = check_no_unflagged_negative_delta(conn, days)
-    if _selected(context, check):
-        yield check
+    if _selected(context, DOWNLOADS_KEY, NO_UNFLAGGED_NEGATIVE_DELTA):
+        with engine.connect() as conn:
+            yield check_no_unflagged_negative_delta(conn, days)
 
 
 def rollup(
@@ -298,8 +301,10 @@ def rollup(
                 )
                 | {"week_start": dg.MetadataValue.text(summary.week_start.isoformat())},
             )
-        checks = [check_first_party_count(conn, days), check_unique_actors_within_raw_count(conn, days)]
-    yield from (check for check in checks if _selected(context, check))
+        if _selected(context, ROLLUP_KEY, FIRST_PARTY_COUNT_MATCHES):
+            yield check_first_party_count(conn, days)
+        if _selected(context, ROLLUP_KEY, UNIQUE_ACTORS_WITHIN_RAW_COUNT):
+            yield check_unique_actors_within_raw_count(conn, days)
     context.log.info(
         f"Rolled up {_span(days)}: {sum(s.first_party_events for s in summaries)} events into "
         f"{sum(s.rows for s in summaries)} rows."

@@ -14,7 +14,7 @@ import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines.db.schema import github_release_download_daily, measurement_daily_rollup
-from marketing_pipelines.measurement.rollup import event_count, rollup_first_party_total
+from marketing_pipelines.measurement.rollup import events_per_day, rollup_first_party_per_day
 
 ROLLUP_KEY = dg.AssetKey("measurement_daily_rollup")
 SITE_KEY = dg.AssetKey("site_analytics_daily")
@@ -62,8 +62,8 @@ def _days_metadata(days: Sequence[date]) -> dict[str, dg.MetadataValue]:
 
 def check_first_party_count(conn: sa.Connection, days: Sequence[date]) -> dg.AssetCheckResult:
     """Per day of ``days``: the rollup's first-party raw_count equals the day's events. One result for the range."""
-    per_day = [(day, event_count(conn, day), rollup_first_party_total(conn, day)) for day in days]
-    failing = [day for day, events, rolled_up in per_day if events != rolled_up]
+    events, rolled_up = events_per_day(conn, days), rollup_first_party_per_day(conn, days)
+    failing = [day for day in days if events[day] != rolled_up[day]]
     return dg.AssetCheckResult(
         check_name=FIRST_PARTY_COUNT_MATCHES,
         asset_key=ROLLUP_KEY,
@@ -71,8 +71,8 @@ def check_first_party_count(conn: sa.Connection, days: Sequence[date]) -> dg.Ass
         # Late events are expected between a write and the sensor's re-run; a warning, not an error.
         severity=dg.AssetCheckSeverity.WARN,
         metadata={
-            "events": dg.MetadataValue.int(sum(p[1] for p in per_day)),
-            "rollup_raw_count": dg.MetadataValue.int(sum(p[2] for p in per_day)),
+            "events": dg.MetadataValue.int(sum(events.values())),
+            "rollup_raw_count": dg.MetadataValue.int(sum(rolled_up.values())),
             **_days_metadata(failing),
         },
     )

@@ -370,17 +370,28 @@ def rebuild_all_weeks(engine: sa.Engine) -> tuple[int, int]:
     return len(mondays), sum(refresh_week(engine, monday) for monday in mondays)
 
 
-def event_count(conn: sa.Connection, day: date) -> int:
-    return int(conn.execute(sa.select(sa.func.count()).select_from(marketing_event).where(_in_day(day))).scalar_one())
-
-
-def rollup_first_party_total(conn: sa.Connection, day: date) -> int:
-    r = measurement_daily_rollup
-    return int(
-        conn.execute(
-            sa.select(sa.func.coalesce(sa.func.sum(r.c.raw_count), 0)).where(r.c.day == day, r.c.source == FIRST_PARTY)
-        ).scalar_one()
+def events_per_day(conn: sa.Connection, days: Sequence[date]) -> dict[date, int]:
+    """Events that occurred on each of ``days`` (UTC), from one grouped query over their span."""
+    e = marketing_event
+    day = utc_day(e.c.occurred_at, conn.dialect).label("day")
+    start, end = day_bounds(min(days))[0], day_bounds(max(days))[1]
+    rows = conn.execute(
+        sa.select(day, sa.func.count()).where(e.c.occurred_at >= start, e.c.occurred_at < end).group_by(day)
     )
+    counts = {row[0]: int(row[1]) for row in rows}
+    return {d: counts.get(d, 0) for d in days}
+
+
+def rollup_first_party_per_day(conn: sa.Connection, days: Sequence[date]) -> dict[date, int]:
+    """The first-party raw_count total the rollup holds for each of ``days``, from one grouped query."""
+    r = measurement_daily_rollup
+    rows = conn.execute(
+        sa.select(r.c.day, sa.func.sum(r.c.raw_count))
+        .where(r.c.day.in_(list(days)), r.c.source == FIRST_PARTY)
+        .group_by(r.c.day)
+    )
+    totals = {row[0]: int(row[1]) for row in rows}
+    return {d: totals.get(d, 0) for d in days}
 
 
 def utc_day(column: sa.ColumnElement[datetime], dialect: sa.Dialect) -> sa.ColumnElement[date]:

@@ -48,6 +48,5 @@ def materialize_measurement(
             ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
         },
         tags=tags,
-        raise_on_error=clients.get("raise_on_error", True),
         **partition,
     )
