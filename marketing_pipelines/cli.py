@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from dagster_shared.utils.warnings import BetaWarning, PreviewWarning
 
 from marketing_pipelines.agents.token_bucket import MAX_BURST, MAX_CALLS_PER_MINUTE
-from marketing_pipelines.db.campaigns import Campaign, InvalidInput, add_campaign, list_campaigns
+from marketing_pipelines.db.campaigns import Campaign, add_campaign, list_campaigns
 from marketing_pipelines.db.engine import DatabaseUnavailable, get_engine
 from marketing_pipelines.db.migrate import (
     SchemaNotReady,
@@ -30,6 +30,7 @@ from marketing_pipelines.db.migrate import (
     head_revision,
     upgrade,
 )
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.http import ServiceError
 from marketing_pipelines.redact import redact_url, redact_urls
 from marketing_pipelines.settings import Settings, SettingsError

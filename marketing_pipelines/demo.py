@@ -24,11 +24,12 @@ from marketing_pipelines.agents import users
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import list_agent_runs, request_agent_run
 from marketing_pipelines.agents.sensors import TAG_AGENT_RUN_ID
-from marketing_pipelines.db.campaigns import Campaign, InvalidInput, upsert_campaign
+from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine, sqlite_path
 from marketing_pipelines.db.migrate import current_revision, upgrade
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import marketing_execution
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.queue import list_executions, schedule_execution

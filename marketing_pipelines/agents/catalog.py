@@ -16,7 +16,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from marketing_pipelines.agents.providers import ToolSpec
-from marketing_pipelines.db.campaigns import InvalidInput, get_campaign
+from marketing_pipelines.db.campaigns import get_campaign
+from marketing_pipelines.errors import InvalidInput
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,11 @@ import sqlalchemy as sa
 from marketing_pipelines.agents.catalog import TOOLS, get_agent
 from marketing_pipelines.agents.providers import PROVIDER_NAMES
 from marketing_pipelines.agents.users import current_grants, holds, require_user
-from marketing_pipelines.db.campaigns import InvalidInput, parse_json_object, require_campaign
+from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.lease import LeaseQueue, cancel
 from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
+from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.strict_json import parse_json_object
 
 AGENT_RUNS = LeaseQueue(
     table=agent_run,

@@ -21,7 +21,7 @@ from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, ToolCallC
 from marketing_pipelines.agents.providers import ModelProvider, ToolCall
 from marketing_pipelines.agents.queue import Transcript, json_safe
 from marketing_pipelines.agents.users import Grant, authorize
-from marketing_pipelines.db.campaigns import InvalidInput
+from marketing_pipelines.errors import InvalidInput
 
 MAX_TOOL_RESULT_CHARS = 8_000
 

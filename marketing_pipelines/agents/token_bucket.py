@@ -21,10 +21,10 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from marketing_pipelines.db.campaigns import InvalidInput
 from marketing_pipelines.db.engine import insert_ignoring_conflicts
 from marketing_pipelines.db.schema import model_token_bucket as bucket
 from marketing_pipelines.db.types import UTCDateTime
+from marketing_pipelines.errors import InvalidInput
 
 # Far above any provider's per-key limit, far below where float arithmetic on the bucket degrades.
 MAX_CALLS_PER_MINUTE = 100_000.0

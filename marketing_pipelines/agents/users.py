@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 
 import sqlalchemy as sa
 
-from marketing_pipelines.db.campaigns import InvalidInput, require_campaign
+from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.schema import ALL_CAMPAIGNS, app_user, user_permission
+from marketing_pipelines.errors import InvalidInput
 
 PERMISSIONS = ("campaign:read", "measurement:read", "execution:read", "execution:write")
 USER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")

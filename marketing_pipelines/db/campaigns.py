@@ -2,57 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import sqlalchemy as sa
 
 from marketing_pipelines.db.schema import campaign
+from marketing_pipelines.errors import InvalidInput
 
 CAMPAIGN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 GITHUB_REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
-
-
-class InvalidInput(ValueError):
-    """User input that cannot be accepted; the message names the field and the value."""
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):  # 1e400 parses to inf
-        raise ValueError(f"number {text[:40]} is out of range")
-    return number
-
-
-def loads_json(text: str) -> Any:
-    """``json.loads`` that refuses what is not JSON to PostgreSQL: NaN, Infinity, 1e400 (ValueError).
-
-    Python's json accepts all three; PostgreSQL refuses them, and SQLite would store non-JSON.
-    """
-    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-
-
-def parse_json_object(value: str | None, name: str) -> dict[str, Any]:
-    """Parse a user-given JSON object (empty means {}); errors name ``name`` and the position."""
-    if value is None or value.strip() == "":
-        return {}
-    try:
-        parsed = loads_json(value)
-    except json.JSONDecodeError as exc:
-        raise InvalidInput(f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except ValueError as exc:  # NaN / Infinity: Python's json accepts them, JSON and PostgreSQL do not
-        raise InvalidInput(f"{name} is not valid JSON: {exc}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidInput(f"{name} must be a JSON object, got {type(parsed).__name__}")
-    return parsed
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,14 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from marketing_pipelines.db.campaigns import InvalidInput, parse_json_object, require_campaign
+from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.engine import insert_ignoring_conflicts
 from marketing_pipelines.db.lease import LeaseQueue, cancel
 from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution, marketing_execution_attempt
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import InvalidPayload, get_action, webhook_policy
 from marketing_pipelines.executions.egress import EgressPolicy
+from marketing_pipelines.strict_json import parse_json_object
 
 EXECUTIONS = LeaseQueue(
     table=marketing_execution,

@@ -27,9 +27,10 @@ import orjson
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from marketing_pipelines.db.campaigns import InvalidInput, loads_json
 from marketing_pipelines.db.engine import insert_ignoring_conflicts, is_postgres
 from marketing_pipelines.db.schema import campaign, marketing_event, marketing_event_reject
+from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.strict_json import loads_json
 
 REQUIRED_FIELDS = ("event_id", "campaign_id", "stage", "event_type", "occurred_at")
 CSV_COLUMNS = (*REQUIRED_FIELDS, "actor_id", "source", "properties")

@@ -26,9 +26,10 @@ import dagster as dg
 import pandas as pd
 import sqlalchemy as sa
 
-from marketing_pipelines.db.campaigns import InvalidInput, require_campaign
+from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import measurement_daily_rollup
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.measurement import sketches
 from marketing_pipelines.measurement.report import (
     Key,

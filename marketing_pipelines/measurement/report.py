@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
 
-from marketing_pipelines.db.campaigns import InvalidInput, require_campaign
+from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.fetch import fetch_tuples
 from marketing_pipelines.db.schema import measurement_daily_rollup, measurement_weekly_sketch
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.measurement import sketches
 from marketing_pipelines.measurement.rollup import FIRST_PARTY, week_start
 

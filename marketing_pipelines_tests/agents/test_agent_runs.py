@@ -17,9 +17,9 @@ from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.providers import AnthropicModel, ModelProvider
 from marketing_pipelines.agents.queue import get_agent_run, request_agent_run, transcript
 from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
-from marketing_pipelines.db.campaigns import InvalidInput
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, marketing_execution
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines_tests.factories import add_campaign
 
 ALL_READ = ("campaign:read", "measurement:read", "execution:read")

@@ -10,8 +10,8 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.agents import token_bucket as tb
-from marketing_pipelines.db.campaigns import InvalidInput
 from marketing_pipelines.db.engine import get_engine
+from marketing_pipelines.errors import InvalidInput
 
 CAPACITY = 5.0
 PER_MINUTE = 600.0  # 10 tokens a second

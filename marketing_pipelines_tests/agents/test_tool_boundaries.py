@@ -19,8 +19,8 @@ from marketing_pipelines.agents import users
 from marketing_pipelines.agents.catalog import get_agent
 from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript, get_agent_run, request_agent_run, transcript
 from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
-from marketing_pipelines.db.campaigns import InvalidInput
 from marketing_pipelines.db.schema import agent_run, marketing_execution
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines_tests.agents.test_providers import Script, openai_completion, scripted_openai
 from marketing_pipelines_tests.factories import add_campaign
 

@@ -24,8 +24,8 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from marketing_pipelines.cli import main
-from marketing_pipelines.db.campaigns import InvalidInput
 from marketing_pipelines.db.schema import marketing_execution
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import ActionContext, ActionFailed, WebhookAction, WebhookClient
 from marketing_pipelines.executions.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.queue import get_execution, schedule_execution

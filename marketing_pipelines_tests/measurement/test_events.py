@@ -15,10 +15,10 @@ from click.testing import CliRunner
 
 from marketing_pipelines import cli
 from marketing_pipelines.cli import main
-from marketing_pipelines.db.campaigns import InvalidInput, loads_json
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import campaign as campaign_table
 from marketing_pipelines.db.schema import marketing_event, marketing_event_reject
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.measurement import events as events_module
 from marketing_pipelines.measurement.events import (
     COPY_MIN_ROWS,
@@ -36,6 +36,7 @@ from marketing_pipelines.measurement.events import (
     record_events,
     reject_file_label,
 )
+from marketing_pipelines.strict_json import loads_json
 from marketing_pipelines_tests.factories import add_campaign
 
 

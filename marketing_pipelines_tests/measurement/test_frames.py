@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 import sqlalchemy as sa
 
-from marketing_pipelines.db.campaigns import InvalidInput
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import site_analytics_daily
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.measurement.events import record_events
 from marketing_pipelines.measurement.frames import (
     MAX_FUNNEL_CAMPAIGNS,

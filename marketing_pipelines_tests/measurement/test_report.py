@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from click.testing import CliRunner
 
 from marketing_pipelines.cli import main
-from marketing_pipelines.db.campaigns import InvalidInput
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.measurement import measurement_report, render
 from marketing_pipelines.measurement.rollup import replace_rollup_day
 from marketing_pipelines_tests.measurement.generated import DAYS, generated_events, seed
