@@ -17,7 +17,6 @@ Rates are executions handed to created runs per second.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
@@ -27,6 +26,7 @@ from _common import print_table, throwaway_database
 
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.executions.resources import ExecutionSettings
 
 SENSOR_TIMEOUT_S = 60.0
 
@@ -50,7 +50,10 @@ def _run(url: str, executions: int, batch: int, per_run: int, mode: str) -> tupl
     ticks: list[float] = []
     created = 0
     with tempfile.TemporaryDirectory() as home, dg.DagsterInstance.local_temp(tempdir=home) as instance:
-        context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=url)})
+        settings = ExecutionSettings(batch_size=batch, executions_per_run=per_run)
+        context = dg.build_sensor_context(
+            instance=instance, resources={"app_db": AppDatabase(url=url), "execution_settings": settings}
+        )
         began = time.perf_counter()
         while created < executions:
             tick_start = time.perf_counter()
@@ -73,16 +76,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--database", choices=["postgres", "sqlite"], nargs="+", default=["postgres", "sqlite"])
     parser.add_argument("--executions", type=int, default=2000, help="due executions per measurement")
-    parser.add_argument("--batch", type=int, default=1000, help="MARKETING_SENSOR_BATCH_SIZE")
-    parser.add_argument("--per-run", type=int, default=250, help="MARKETING_EXECUTIONS_PER_RUN")
+    parser.add_argument("--batch", type=int, default=1000, help="ExecutionSettings.batch_size")
+    parser.add_argument("--per-run", type=int, default=250, help="ExecutionSettings.executions_per_run")
     parser.add_argument("--repeat", type=int, default=2, help="alternating measurements per side")
     args = parser.parse_args()
-    os.environ["MARKETING_SENSOR_BATCH_SIZE"] = str(args.batch)
-    os.environ["MARKETING_EXECUTIONS_PER_RUN"] = str(args.per_run)
     rows = []
     for database in args.database:
         with throwaway_database(database) as url:
-            os.environ["MARKETING_DATABASE_URL"] = url
             project_rates, ceiling_rates, claim_ticks = [], [], []
             _run(url, min(200, args.executions), args.batch, args.per_run, "ceiling")  # warm-up: imports, job snapshot
             for _ in range(args.repeat):

@@ -22,9 +22,8 @@ defs = dg.Definitions.merge(
     agents.defs,
     measurement.defs,
     dg.Definitions(
-        # Shared by every domain. The URL is resolved from MARKETING_DATABASE_URL in the process
-        # that uses it (see AppDatabase), so it never shows in run config.
-        resources={"app_db": AppDatabase()},
+        # Shared by every domain; the URL is an EnvVar, so it never shows in run config (see AppDatabase).
+        resources={"app_db": AppDatabase.from_env()},
         # Every job here runs one step (or sets its own executor): a step process of its own would add
         # seconds of interpreter start-up and code loading to each run, backfill runs included.
         executor=dg.in_process_executor,

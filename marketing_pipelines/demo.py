@@ -23,19 +23,21 @@ import sqlalchemy as sa
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import list_agent_runs, request_agent_run
+from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import TAG_AGENT_RUN_ID
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine, sqlite_path
 from marketing_pipelines.db.migrate import current_revision, upgrade
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import marketing_execution
+from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import WebhookClient
-from marketing_pipelines.executions.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.queue import list_executions, schedule_execution
+from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.sensors import executions_of_run
 from marketing_pipelines.measurement.demo import run_measurement_demo
-from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings
+from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings, load_settings
 
 Echo = Callable[[str], None]
 
@@ -153,12 +155,13 @@ def _wait_for_daemon(
     echo(f"      still waiting after {timeout_s:.0f}s: {', '.join(pending)}; the UI's runs page shows why")
 
 
-def run_demo(days: int = 7, echo: Echo = print) -> None:
+def run_demo(days: int = 7, echo: Echo = print, settings: Settings | None = None) -> None:
+    """The demo on ``settings`` (default: the environment's, as `marketing-pipelines demo` runs it)."""
     from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
     from marketing_pipelines.definitions import defs
     from marketing_pipelines.executions.sensors import due_executions_sensor
 
-    settings = Settings.from_env()
+    settings = settings or load_settings()
     url = settings.resolved_database_url
     engine = get_engine(url)
     where = engine.url.render_as_string(hide_password=True)
@@ -237,6 +240,8 @@ def run_demo(days: int = 7, echo: Echo = print) -> None:
                     "app_db": AppDatabase(url=url),
                     "webhook": WebhookClient(timeout_s=5, allow_networks=[str(n) for n in DEMO_EGRESS.allow]),
                     "models": ModelGateway(),
+                    "execution_settings": ExecutionSettings.from_settings(settings),
+                    "agent_settings": AgentSettings.from_settings(settings),
                 }
                 launched = _drain(instance, [due_executions_sensor, queued_agent_runs_sensor], defs, resources, echo)
                 echo(f"      {launched} runs finished")
@@ -322,8 +327,21 @@ def _drain(
     max_ticks: int = 20,
 ) -> int:
     """Tick the sensors until none finds anything, running each requested run on the instance."""
+    # A context manager: the model gateway's providers hold an HTTP client they close at teardown.
+    with dg.build_sensor_context(instance=instance, resources=resources) as context:
+        return _tick_until_idle(instance, sensors, defs, resources, echo, max_ticks, context)
+
+
+def _tick_until_idle(
+    instance: dg.DagsterInstance,
+    sensors: list[dg.SensorDefinition],
+    defs: dg.Definitions,
+    resources: dict[str, Any],
+    echo: Echo,
+    max_ticks: int,
+    context: dg.SensorEvaluationContext,
+) -> int:
     launched = 0
-    context = dg.build_sensor_context(instance=instance, resources=resources)
     for tick in range(1, max_ticks + 1):
         requests: list[dg.RunRequest] = []
         for sensor in sensors:

@@ -5,7 +5,7 @@ Plausible importer and the model providers all honour the same server hints:
 ``retry-after-ms`` (milliseconds; OpenAI and Anthropic), ``Retry-After`` (seconds or an HTTP
 date) and ``X-RateLimit-Reset`` (epoch seconds, read only while ``X-RateLimit-Remaining`` is 0).
 What a service means by "rate limited" beyond 429, and how long it wants to be left alone when
-it gives no hint, is its ``RetryPolicy``: the generic code knows no service by name.
+it gives no hint, is its ``HttpRetry``: the generic code knows no service by name.
 """
 
 from __future__ import annotations
@@ -27,12 +27,18 @@ MAX_WAIT_HINT_S = 24 * 3600.0
 
 
 class ServiceError(RuntimeError):
-    """A call to an outside service failed for good; the message names the service and the fix."""
+    """A call to an outside service failed for good; the message names the service and the fix.
 
-    def __init__(self, service: str, message: str, status: int | None = None) -> None:
+    ``transient`` marks a failure that a later attempt may not meet: 5xx answers or transport errors
+    that outlasted every in-process attempt. A Dagster step may retry those; a rejected credential or
+    query fails the same way each time.
+    """
+
+    def __init__(self, service: str, message: str, status: int | None = None, *, transient: bool = False) -> None:
         super().__init__(f"{service}: {message}")
         self.service = service
         self.status = status
+        self.transient = transient
 
 
 class RateLimited(ServiceError):
@@ -57,7 +63,7 @@ def is_rate_limited(response: httpx.Response) -> bool:
     """429, or a 403 that carries rate-limit headers (exhausted quota, or a Retry-After).
 
     Any other 403 is a real permission error. A service whose rate-limit 403 says so only in its
-    body (GitHub's secondary limit) passes its own check as ``RetryPolicy.is_rate_limited``.
+    body (GitHub's secondary limit) passes its own check as ``HttpRetry.is_rate_limited``.
     """
     if response.status_code == 429:
         return True
@@ -67,7 +73,7 @@ def is_rate_limited(response: httpx.Response) -> bool:
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
+class HttpRetry:
     max_attempts: int = 5
     base_delay_s: float = 0.5
     max_delay_s: float = 30.0
@@ -138,8 +144,8 @@ def server_wait_hint(response: httpx.Response, now: float | None = None) -> floa
     return None
 
 
-def is_retryable(response: httpx.Response, policy: RetryPolicy | None = None) -> bool:
-    return response.status_code in RETRYABLE_STATUSES or (policy or RetryPolicy()).rate_limited(response)
+def is_retryable(response: httpx.Response, policy: HttpRetry | None = None) -> bool:
+    return response.status_code in RETRYABLE_STATUSES or (policy or HttpRetry()).rate_limited(response)
 
 
 def send_with_retries(
@@ -147,7 +153,7 @@ def send_with_retries(
     request: httpx.Request,
     *,
     service: str,
-    policy: RetryPolicy = RetryPolicy(),
+    policy: HttpRetry = HttpRetry(),
     sleep: Callable[[float], None] = time.sleep,
 ) -> httpx.Response:
     """Send ``request``, retrying transport errors, 5xx and rate limits (429, and what the policy counts).
@@ -187,7 +193,7 @@ def send_with_retries(
     if rate_limited:
         wait = last_hint if last_hint is not None else max(policy.max_delay_s, policy.min_rate_limit_wait_s)
         raise RateLimited(service, wait, last_problem)
-    raise ServiceError(service, f"gave up after {policy.max_attempts} attempts ({last_problem})")
+    raise ServiceError(service, f"gave up after {policy.max_attempts} attempts ({last_problem})", transient=True)
 
 
 def describe_error_response(service: str, response: httpx.Response, credential_hint: str = "") -> ServiceError:

@@ -1,22 +1,39 @@
-"""Every tunable of marketing-pipelines in one typed place, each read from its own env var.
+"""Every tunable of marketing-pipelines in one typed place, each read from its own MARKETING_* env var.
 
-`Settings.from_env()` validates as it reads: a bad value fails with one line naming the
-variable, the value and what is expected, never later as a confusing runtime error.
+`load_settings()` reads the environment once per process (pydantic-settings) and validates as it
+reads: a bad value fails with one line naming the variable, the value and what is expected, never
+later as a confusing runtime error. The domains' ``defs`` turn these values into the config of their
+resources (`ExecutionSettings`, `AgentSettings`, `WebhookClient`, `ModelGateway`), so every value in
+force shows under its resource in the Dagster UI, and a test sets a value by building the resource.
+
+Only the values that shape definitions rather than runs are read when the code loads, and they show
+in the UI as what they shape: ``measurement_start_date`` (the partitions),
+``backfill_days_per_run`` (the assets' backfill policy) and ``sensor_interval_seconds`` (each
+claiming sensor's minimum interval).
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Mapping
 from datetime import date
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any
 
-T = TypeVar("T")
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from marketing_pipelines.egress import parse_networks
+
+if TYPE_CHECKING:
+    import dagster as dg
 
 DEFAULT_DB_DIR = ".marketing"
 DEFAULT_DB_FILE = "marketing.db"
+ENV_PREFIX = "MARKETING_"
+MODEL_PROVIDERS = ("offline", "anthropic", "openai")
 
 
 class SettingsError(ValueError):
@@ -29,155 +46,133 @@ def default_database_url(cwd: Path | None = None) -> str:
     return f"sqlite:///{base}"
 
 
-def _int(minimum: int) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        value = int(raw)
-        if value < minimum:
-            raise ValueError(f"must be >= {minimum}")
-        return value
-
-    return parse
+def env_name(field: str) -> str:
+    """The env var a field of `Settings` is read from."""
+    return f"{ENV_PREFIX}{field.upper()}"
 
 
-def _bounded_int(minimum: int, maximum: int) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        value = int(raw)
-        if not minimum <= value <= maximum:
-            raise ValueError(f"must be between {minimum} and {maximum}")
-        return value
+class Settings(BaseSettings):
+    """The README's configuration table mirrors these fields (env var = MARKETING_ + the upper-cased name)."""
 
-    return parse
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="ignore", frozen=True)
 
-
-def _networks(raw: str) -> tuple[str, ...]:
-    # The egress policy's own parser, so the setting is refused here exactly as the policy would.
-    from marketing_pipelines.executions.egress import parse_networks
-
-    return tuple(str(network) for network in parse_networks(raw))
-
-
-def _float(minimum: float) -> Callable[[str], float]:
-    def parse(raw: str) -> float:
-        value = float(raw)
-        if value < minimum:
-            raise ValueError(f"must be >= {minimum}")
-        return value
-
-    return parse
-
-
-@dataclass(frozen=True)
-class _Var:
-    env: str
-    parse: Callable[[str], Any]
-    help: str
-
-
-# field name -> env var, parser, description. The README's configuration table mirrors this.
-ENV_VARS: dict[str, _Var] = {
-    "database_url": _Var("MARKETING_DATABASE_URL", str, "Application database URL (SQLite or PostgreSQL)."),
-    "sensor_batch_size": _Var(
-        "MARKETING_SENSOR_BATCH_SIZE", _bounded_int(1, 10_000), "Due rows a claiming sensor claims per tick."
-    ),
-    "sensor_interval_seconds": _Var(
-        "MARKETING_SENSOR_INTERVAL_SECONDS", _bounded_int(1, 3600), "Minimum seconds between claiming sensor ticks."
-    ),
-    "executions_per_run": _Var(
-        "MARKETING_EXECUTIONS_PER_RUN",
-        _bounded_int(1, 1000),
-        "Executions one marketing_execution_job run performs (1: one run per execution).",
-    ),
-    "webhook_allow_networks": _Var(
-        "MARKETING_WEBHOOK_ALLOW_NETWORKS",
-        lambda raw: _networks(raw),
-        "Comma-separated CIDRs webhooks may reach beyond public addresses (loopback, private). Never link-local.",
-    ),
-    "webhook_concurrency": _Var(
-        "MARKETING_WEBHOOK_CONCURRENCY", _bounded_int(1, 64), "Webhooks one run sends at once."
-    ),
-    "execution_lease_seconds": _Var(
-        "MARKETING_EXECUTION_LEASE_SECONDS",
-        _int(5),
-        "Lease on a claimed execution; a run must start and renew within it.",
-    ),
-    "execution_max_attempts": _Var(
-        "MARKETING_EXECUTION_MAX_ATTEMPTS", _int(1), "Default attempts per execution before it is FAILED."
-    ),
-    "retry_backoff_seconds": _Var(
-        "MARKETING_RETRY_BACKOFF_SECONDS",
-        _float(0),
-        "Base delay before a failed execution's next attempt (doubles per attempt).",
-    ),
-    "webhook_timeout_seconds": _Var(
-        "MARKETING_WEBHOOK_TIMEOUT_SECONDS", _float(0.1), "Timeout of one webhook action request."
-    ),
-    "max_concurrent_agent_runs": _Var(
-        "MARKETING_MAX_CONCURRENT_AGENT_RUNS", _int(1), "Limit of the agent_runs Dagster concurrency pool."
-    ),
-    "max_model_calls_per_minute": _Var(
-        "MARKETING_MAX_MODEL_CALLS_PER_MINUTE", _bounded_int(1, 100_000), "Token-bucket rate per model provider."
-    ),
-    "agent_lease_grace_seconds": _Var(
-        "MARKETING_AGENT_LEASE_GRACE_SECONDS",
-        _int(5),
-        "Lease on a claimed agent run beyond its max_run_seconds (queue wait + start-up).",
-    ),
-    "agent_max_run_seconds": _Var("MARKETING_AGENT_MAX_RUN_SECONDS", _int(1), "Default time limit of one agent run."),
-    "model_provider": _Var("MARKETING_MODEL_PROVIDER", str, "Model provider for agents: offline, anthropic or openai."),
-    "measurement_start_date": _Var(
-        "MARKETING_MEASUREMENT_START_DATE", date.fromisoformat, "First UTC day of the measurement partitions."
-    ),
-    "backfill_days_per_run": _Var(
-        "MARKETING_BACKFILL_DAYS_PER_RUN",
-        _bounded_int(1, 3660),
-        "Days of the measurement assets one backfill run covers (BackfillPolicy.multi_run).",
-    ),
-}
-
-
-@dataclass(frozen=True)
-class Settings:
-    database_url: str | None = None
+    database_url: str | None = Field(None, description="Application database URL (SQLite or PostgreSQL).")
     # Chosen from benchmarks/e2e_executions.py (docs/PERFORMANCE.md, section 6).
-    sensor_batch_size: int = 1000
-    sensor_interval_seconds: int = 3
-    executions_per_run: int = 250
-    webhook_concurrency: int = 16
-    webhook_allow_networks: tuple[str, ...] = ()
-    execution_lease_seconds: int = 300
-    execution_max_attempts: int = 3
-    retry_backoff_seconds: float = 60.0
-    webhook_timeout_seconds: float = 10.0
-    max_concurrent_agent_runs: int = 2
-    max_model_calls_per_minute: int = 60
-    agent_lease_grace_seconds: int = 300
-    agent_max_run_seconds: int = 300
-    model_provider: str = "offline"
-    measurement_start_date: date = date(2026, 1, 1)
+    sensor_batch_size: int = Field(1000, ge=1, le=10_000, description="Due rows a claiming sensor claims per tick.")
+    sensor_interval_seconds: int = Field(3, ge=1, le=3600, description="Minimum seconds between claiming sensor ticks.")
+    executions_per_run: int = Field(
+        250, ge=1, le=1000, description="Executions one marketing_execution_job run performs (1: one per run)."
+    )
+    webhook_concurrency: int = Field(16, ge=1, le=64, description="Webhooks one run sends at once.")
+    webhook_allow_networks: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="Comma-separated CIDRs webhooks may reach beyond public addresses (loopback, private). "
+        "Never link-local.",
+    )
+    execution_lease_seconds: int = Field(
+        300, ge=5, le=86_400, description="Lease on a claimed execution; a run must start and renew within it."
+    )
+    execution_max_attempts: int = Field(
+        3, ge=1, le=100, description="Default attempts per execution before it is FAILED."
+    )
+    retry_backoff_seconds: float = Field(
+        60.0,
+        ge=0,
+        le=86_400,
+        allow_inf_nan=False,
+        description="Base delay before a failed execution's next attempt (doubles per attempt).",
+    )
+    webhook_timeout_seconds: float = Field(
+        10.0, ge=0.1, le=600, allow_inf_nan=False, description="Timeout of one webhook action request."
+    )
+    max_concurrent_agent_runs: int = Field(
+        2, ge=1, le=1000, description="Limit of the agent_runs Dagster concurrency pool."
+    )
+    max_model_calls_per_minute: int = Field(60, ge=1, le=100_000, description="Token-bucket rate per model provider.")
+    agent_lease_grace_seconds: int = Field(
+        300,
+        ge=5,
+        le=86_400,
+        description="Lease on a claimed agent run beyond its max_run_seconds (queue wait + start-up).",
+    )
+    agent_max_run_seconds: int = Field(300, ge=1, le=86_400, description="Default time limit of one agent run.")
+    model_provider: str = Field("offline", description="Model provider for agents: offline, anthropic or openai.")
+    measurement_start_date: date = Field(date(2026, 1, 1), description="First UTC day of the measurement partitions.")
     # Chosen from benchmarks/backfill.py (docs/PERFORMANCE.md, section 8).
-    backfill_days_per_run: int = 92
+    backfill_days_per_run: int = Field(
+        92, ge=1, le=3660, description="Days of the measurement assets one backfill run covers (BackfillPolicy)."
+    )
 
+    @field_validator("webhook_allow_networks", mode="before")
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for field in fields(cls):
-            var = ENV_VARS[field.name]
-            raw = environ.get(var.env)
-            if raw is None or raw.strip() == "":
-                continue
-            try:
-                values[field.name] = var.parse(raw.strip())
-            except ValueError as exc:
-                raise SettingsError(f"{var.env}={raw!r} is not valid: {exc}") from None
-        settings = cls(**values)
-        if settings.model_provider not in ("offline", "anthropic", "openai"):
-            raise SettingsError(
-                f"MARKETING_MODEL_PROVIDER={settings.model_provider!r} is not a provider; "
-                "use offline, anthropic or openai"
-            )
-        return settings
+    def _networks(cls, value: Any) -> tuple[str, ...]:
+        # The egress policy's own parser, so the setting is refused here exactly as the policy would.
+        return tuple(str(network) for network in parse_networks(value))
+
+    @field_validator("model_provider")
+    @classmethod
+    def _provider(cls, value: str) -> str:
+        if value not in MODEL_PROVIDERS:
+            raise ValueError(f"is not a provider; use {', '.join(MODEL_PROVIDERS[:-1])} or {MODEL_PROVIDERS[-1]}")
+        return value
 
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or default_database_url()
+
+
+def _bounds(field: str) -> str | None:
+    """ "must be between 1 and 1000" for a field with both bounds, so the line says what is accepted."""
+    info = Settings.model_fields.get(field)
+    limits = {type(m).__name__: m for m in (info.metadata if info else [])}
+    if "Ge" in limits and "Le" in limits:
+        return f"must be between {limits['Ge'].ge:g} and {limits['Le'].le:g}"
+    return None
+
+
+def _one_line(exc: ValidationError) -> str:
+    error = exc.errors(include_url=False)[0]
+    field = str(error["loc"][0]) if error["loc"] else "?"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    message = message[:1].lower() + message[1:]
+    if error["type"] in ("greater_than_equal", "less_than_equal", "finite_number"):
+        message = _bounds(field) or message
+    return f"{env_name(field)}={error.get('input')!r} is not valid: {message}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """The environment's settings (``overrides`` win over it); raises SettingsError naming the variable."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise SettingsError(_one_line(exc)) from None
+
+
+@functools.cache
+def current_settings() -> Settings:
+    """`load_settings()` once per process: what the code location's definitions are built from."""
+    return load_settings()
+
+
+def setting_field(name: str) -> Any:
+    """A resource field that is the setting ``name``: same default and bounds, its env var in the description.
+
+    Resources declare ``batch_size: int = setting_field("sensor_batch_size")``, so a value edited
+    in the launchpad is held to the same bounds as the env var, and the UI says where it comes from.
+    """
+    info = Settings.model_fields[name]
+    return FieldInfo.merge_field_infos(info, description=f"{info.description} Env var: {env_name(name)}.")
+
+
+def env_var_if_set(name: str, environ: Mapping[str, str] | None = None) -> dg.EnvVar | None:
+    """``dg.EnvVar(name)`` when the variable is set where the code location loads, else None.
+
+    For secrets (API keys, a database URL with a password): an EnvVar keeps the value out of the
+    run config shown in the UI (only the variable's name shows), but one that is unset in the run
+    process fails resource initialisation and with it the whole run. A deployment without the
+    variable must still load and run what does not need it, so an unset variable becomes None.
+    Setting it later takes a reload of the code location, as any change to the environment does.
+    """
+    import dagster as dg  # here, not at the top: the CLI imports settings and must start without dagster
+
+    return dg.EnvVar(name) if (os.environ if environ is None else environ).get(name) else None

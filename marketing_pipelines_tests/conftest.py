@@ -80,11 +80,9 @@ def pg_url(pg_database: str) -> str:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def db_url(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs a test on both databases, and points MARKETING_DATABASE_URL at the one in use."""
-    url = request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
-    monkeypatch.setenv("MARKETING_DATABASE_URL", url)
-    return url
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Runs a test on both databases; each test hands the URL to what it runs (resources, CLI env)."""
+    return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "pg_url")
 
 
 @pytest.fixture

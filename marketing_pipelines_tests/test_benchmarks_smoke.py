@@ -30,6 +30,7 @@ def test_every_benchmark_has_a_smoke_run() -> None:
     assert scripts == set(TINY)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", sorted(TINY))
 def test_benchmark_runs_at_tiny_size(script: str, pg_database: str) -> None:
     # pg_database only proves PostgreSQL is reachable (or skips/fails like every PostgreSQL test);

@@ -3,7 +3,8 @@ agent-run failure reconciliation, on both databases."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
@@ -15,6 +16,7 @@ from marketing_pipelines.agents import users
 from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import get_agent_run, request_agent_run
+from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import (
     agent_run_canceled_sensor,
     agent_run_failure_sensor,
@@ -22,9 +24,11 @@ from marketing_pipelines.agents.sensors import (
 )
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.egress import EgressPolicy, parse_networks
+from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
 from marketing_pipelines.executions.sensors import due_executions_sensor
-from marketing_pipelines_tests.executions.runs import outcomes, perform, sensor_requests
+from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Received, webhook_server
 
@@ -35,9 +39,17 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def cli(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+Cli = Callable[..., tuple[int, str]]
+
+
+def invoke(db_url: str, *args: str) -> tuple[int, str]:
+    result = CliRunner(env={"MARKETING_DATABASE_URL": db_url}).invoke(main, list(args), catch_exceptions=False)
     return result.exit_code, result.output.strip()
+
+
+@pytest.fixture
+def cli(db_url: str) -> Cli:
+    return functools.partial(invoke, db_url)
 
 
 def _execution(engine: sa.Engine, url: str = "https://hooks.example.com/x", action: str = "webhook") -> int:
@@ -50,10 +62,13 @@ def _execution(engine: sa.Engine, url: str = "https://hooks.example.com/x", acti
             action=action,
             due_at=datetime.now(UTC) - timedelta(seconds=1),
             payload={"url": url} if action == "webhook" else {"message": "hi"},
+            egress=EgressPolicy(parse_networks(LOCAL)),
         )
 
 
-def test_executions_cancel_of_a_scheduled_execution(db_url: str, engine: sa.Engine, instance: dg.DagsterInstance):
+def test_executions_cancel_of_a_scheduled_execution(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, cli: Cli
+):
     execution_id = _execution(engine, action="log")
     assert cli("executions", "cancel", str(execution_id)) == (0, f"execution {execution_id} cancelled (was SCHEDULED)")
     assert sensor_requests(due_executions_sensor, db_url, instance) == []  # nothing left to claim
@@ -74,10 +89,8 @@ def test_executions_cancel_of_a_scheduled_execution(db_url: str, engine: sa.Engi
 
 
 def test_cancelling_a_running_execution_leaves_its_batch_running_and_records_nothing(
-    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, cli: Cli
 ) -> None:
-    monkeypatch.setenv("MARKETING_WEBHOOK_ALLOW_NETWORKS", "127.0.0.1/32")
-    monkeypatch.setenv("MARKETING_WEBHOOK_CONCURRENCY", "1")
     with webhook_server() as hook:
         first = _execution(engine, f"{hook.url}/first")
         second = _execution(engine, f"{hook.url}/second")
@@ -89,7 +102,8 @@ def test_cancelling_a_running_execution_leaves_its_batch_running_and_records_not
 
         hook.on_request = cancel_first
         [request] = sensor_requests(due_executions_sensor, db_url, instance)
-        result = perform(request, db_url, instance)
+        one_at_a_time = WebhookClient(timeout_s=5, allow_networks=LOCAL, concurrency=1)
+        result = perform(request, db_url, instance, webhook=one_at_a_time)
     assert result.success
     assert outcomes(result) == {first: "LEASE_LOST", second: "SUCCEEDED"}
     with engine.connect() as conn:
@@ -117,7 +131,7 @@ def _agent_row(engine: sa.Engine, agent_run_id: int) -> sa.RowMapping:
 
 
 def test_agents_cancel_of_a_queued_run(
-    db_url: str, engine: sa.Engine, agent_request: int, instance: dg.DagsterInstance
+    db_url: str, engine: sa.Engine, agent_request: int, instance: dg.DagsterInstance, cli: Cli
 ):
     assert cli("agents", "cancel", str(agent_request)) == (0, f"agent run {agent_request} cancelled (was QUEUED)")
     assert _agent_row(engine, agent_request)["status"] == "CANCELLED"
@@ -159,7 +173,7 @@ def test_a_failed_agent_dagster_run_requeues_its_agent_run_once(
         run_config=request.run_config,
         tags=request.tags,
         instance=instance,
-        resources={"app_db": BrokenDatabase(url=db_url), "models": ModelGateway()},
+        resources={"app_db": BrokenDatabase(url=db_url), "models": ModelGateway(), "agent_settings": AgentSettings()},
         raise_on_error=False,
     )
     assert not result.success and _agent_row(engine, agent_request)["status"] == "RUNNING"

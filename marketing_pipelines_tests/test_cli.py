@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -10,59 +12,73 @@ from click.testing import CliRunner, Result
 
 from marketing_pipelines.cli import main
 
+Cli = Callable[..., Result]
+
+
+def invoke(env: Mapping[str, str], *args: str) -> Result:
+    """The command as a user runs it, with ``env`` as its MARKETING_* environment (Click's own isolation)."""
+    return CliRunner(env=dict(env)).invoke(main, list(args), catch_exceptions=False)
+
 
 def run(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return invoke({}, *args)
+
+
+def cli_for(url: str, **env: str) -> Cli:
+    return functools.partial(invoke, {"MARKETING_DATABASE_URL": url, **env})
 
 
 @pytest.fixture
-def fresh_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "cli.db"
-    monkeypatch.setenv("MARKETING_DATABASE_URL", f"sqlite:///{path}")
-    return path
+def fresh_db(tmp_path: Path) -> Path:
+    return tmp_path / "cli.db"
 
 
 @pytest.fixture
-def ready_db(fresh_db: Path) -> Path:
-    assert run("db", "upgrade").exit_code == 0
-    assert run("campaigns", "add", "spring-launch", "--name", "Spring", "--owner", "ana").exit_code == 0
+def cli(fresh_db: Path) -> Cli:
+    return cli_for(f"sqlite:///{fresh_db}")
+
+
+@pytest.fixture
+def ready_db(fresh_db: Path, cli: Cli) -> Path:
+    assert cli("db", "upgrade").exit_code == 0
+    assert cli("campaigns", "add", "spring-launch", "--name", "Spring", "--owner", "ana").exit_code == 0
     return fresh_db
 
 
-def test_commands_refuse_a_database_without_schema(fresh_db: Path) -> None:
+def test_commands_refuse_a_database_without_schema(fresh_db: Path, cli: Cli) -> None:
     import sqlite3
 
     sqlite3.connect(fresh_db).close()  # the file exists, its schema does not
-    result = run("executions", "list")
+    result = cli("executions", "list")
     assert result.exit_code == 1
     assert "has no schema yet: run `marketing-pipelines db upgrade`" in result.output
     assert "Traceback" not in result.output
 
 
-def test_upgrade_then_current_reports_head(fresh_db: Path) -> None:
-    assert "schema at" in run("db", "upgrade").output
-    assert run("db", "current").output.startswith("database: 0")
+def test_upgrade_then_current_reports_head(fresh_db: Path, cli: Cli) -> None:
+    assert "schema at" in cli("db", "upgrade").output
+    assert cli("db", "current").output.startswith("database: 0")
 
 
-def test_schedule_and_list(ready_db: Path) -> None:
-    result = run(
+def test_schedule_and_list(ready_db: Path, cli: Cli) -> None:
+    result = cli(
         "executions", "schedule", "--campaign", "spring-launch", "--stage", "launch", "--action", "log",
         "--due", "2026-01-01T09:00:00+01:00", "--payload", '{"message": "hi"}',
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     execution_id = int(result.output.strip())
-    listed = json.loads(run("executions", "list", "--json").output)
+    listed = json.loads(cli("executions", "list", "--json").output)
     assert [(r["id"], r["status"], r["due_at"]) for r in listed] == [
         (execution_id, "SCHEDULED", "2026-01-01 08:00:00+00:00")
     ]
 
 
-def test_dedupe_key_returns_the_first_execution(ready_db: Path) -> None:
+def test_dedupe_key_returns_the_first_execution(ready_db: Path, cli: Cli) -> None:
     args = ["executions", "schedule", "--campaign", "spring-launch", "--stage", "s", "--action", "log"]
-    first = run(*args, "--due", "now", "--dedupe-key", "k1").output
-    second = run(*args, "--due", "now", "--dedupe-key", "k1").output
+    first = cli(*args, "--due", "now", "--dedupe-key", "k1").output
+    second = cli(*args, "--due", "now", "--dedupe-key", "k1").output
     assert first == second
-    assert len(json.loads(run("executions", "list", "--json").output)) == 1
+    assert len(json.loads(cli("executions", "list", "--json").output)) == 1
 
 
 @pytest.mark.parametrize(
@@ -85,13 +101,15 @@ def test_dedupe_key_returns_the_first_execution(ready_db: Path) -> None:
         (["--action", "webhook", "--payload", '{"url": "http://169.254.169.254/"}'], "cloud metadata"),
     ],
 )
-def test_bad_schedule_input_is_named_and_nothing_is_written(ready_db: Path, override: list[str], message: str) -> None:
+def test_bad_schedule_input_is_named_and_nothing_is_written(
+    ready_db: Path, cli: Cli, override: list[str], message: str
+) -> None:
     options = {"--campaign": "spring-launch", "--stage": "launch", "--action": "log", "--due": "now"}
     options.update(dict(zip(override[::2], override[1::2], strict=True)))
-    result = run("executions", "schedule", *[x for kv in options.items() for x in kv])
+    result = cli("executions", "schedule", *[x for kv in options.items() for x in kv])
     assert result.exit_code in (1, 2)  # 2: Click refused the option itself
     assert message in result.output and "Traceback" not in result.output
-    assert json.loads(run("executions", "list", "--json").output) == []
+    assert json.loads(cli("executions", "list", "--json").output) == []
 
 
 @pytest.mark.parametrize(
@@ -116,16 +134,18 @@ def test_bad_schedule_input_is_named_and_nothing_is_written(ready_db: Path, over
         ),
     ],
 )  # fmt: skip
-def test_out_of_range_numbers_are_one_line_and_change_nothing(ready_db: Path, args: list[str], message: str) -> None:
-    result = run(*args)
+def test_out_of_range_numbers_are_one_line_and_change_nothing(
+    ready_db: Path, cli: Cli, args: list[str], message: str
+) -> None:
+    result = cli(*args)
     assert result.exit_code in (1, 2) and message in result.output and "Traceback" not in result.output
-    limits = json.loads(run("limits", "show", "--json").output.split("\nagent_runs pool")[0])
+    limits = json.loads(cli("limits", "show", "--json").output.split("\nagent_runs pool")[0])
     assert {row["provider"]: row["calls_per_minute"] for row in limits}["openai"] == 60
 
 
-def test_read_only_commands_never_create_a_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_read_only_commands_never_create_a_database(tmp_path: Path) -> None:
     missing = tmp_path / "nonexistent" / "dir" / "x.db"
-    monkeypatch.setenv("MARKETING_DATABASE_URL", f"sqlite:///{missing}")
+    run = cli_for(f"sqlite:///{missing}")
     for args in (["executions", "list"], ["db", "current"], ["agents", "list"], ["limits", "show"]):
         result = run(*args)
         assert result.exit_code == 1
@@ -136,17 +156,17 @@ def test_read_only_commands_never_create_a_database(tmp_path: Path, monkeypatch:
     assert run("db", "upgrade").exit_code == 0 and missing.exists()  # the one command that creates it
 
 
-def test_bad_campaign_and_duplicate(ready_db: Path) -> None:
-    dup = run("campaigns", "add", "spring-launch", "--name", "x", "--owner", "y")
+def test_bad_campaign_and_duplicate(ready_db: Path, cli: Cli) -> None:
+    dup = cli("campaigns", "add", "spring-launch", "--name", "x", "--owner", "y")
     assert dup.exit_code == 1 and "already exists" in dup.output
-    bad = run("campaigns", "add", "Bad Id", "--name", "x", "--owner", "y")
+    bad = cli("campaigns", "add", "Bad Id", "--name", "x", "--owner", "y")
     assert bad.exit_code == 1 and "'Bad Id' must be" in bad.output
-    repo = run("campaigns", "add", "ok", "--name", "x", "--owner", "y", "--github-repo", "nope")
+    repo = cli("campaigns", "add", "ok", "--name", "x", "--owner", "y", "--github-repo", "nope")
     assert repo.exit_code == 1 and "owner/name" in repo.output
 
 
-def test_unreachable_postgres_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MARKETING_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/nothing")
+def test_unreachable_postgres_is_one_clear_line() -> None:
+    run = cli_for("postgresql://nobody@127.0.0.1:1/nothing")
     result = run("db", "upgrade")
     assert result.exit_code == 1
     assert "cannot connect to postgresql+psycopg2://nobody@127.0.0.1:1/nothing" in result.output
@@ -166,13 +186,20 @@ def test_unreachable_postgres_is_one_clear_line(monkeypatch: pytest.MonkeyPatch)
             "5000",
             "MARKETING_EXECUTIONS_PER_RUN='5000' is not valid: must be between 1 and 1000",
         ),
+        (
+            "MARKETING_RETRY_BACKOFF_SECONDS",
+            "nan",
+            "MARKETING_RETRY_BACKOFF_SECONDS='nan' is not valid: must be between",
+        ),
+        ("MARKETING_WEBHOOK_ALLOW_NETWORKS", "10.0.0.0/8,nope", "'nope' is not an IP network"),
+        ("MARKETING_MODEL_PROVIDER", "gpt", "MARKETING_MODEL_PROVIDER='gpt' is not valid: is not a provider"),
+        ("MARKETING_MEASUREMENT_START_DATE", "2026-02-30", "MARKETING_MEASUREMENT_START_DATE='2026-02-30'"),
         ("MARKETING_DATABASE_URL", "mysql://x/y", "unsupported database 'mysql'"),
         ("MARKETING_DATABASE_URL", "::::", "is not a database URL"),
     ],
 )
-def test_bad_settings_are_named(monkeypatch: pytest.MonkeyPatch, env: str, value: str, message: str) -> None:
-    monkeypatch.setenv(env, value)
-    result = run("db", "current")
+def test_bad_settings_are_named(env: str, value: str, message: str) -> None:
+    result = invoke({env: value}, "db", "current")
     assert result.exit_code == 1 and message in result.output
 
 
@@ -190,27 +217,26 @@ def test_every_command_has_help_with_an_example() -> None:
         assert "Example" in text, f"`{' '.join(path)} --help` has no example"
 
 
-def test_executions_show_prints_each_attempt_with_its_run_and_the_last_error(
-    ready_db: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_executions_show_prints_each_attempt_with_its_run_and_the_last_error(ready_db: Path) -> None:
     import dagster as dg
 
+    from marketing_pipelines.executions.resources import ExecutionSettings
     from marketing_pipelines.executions.sensors import due_executions_sensor
     from marketing_pipelines_tests.executions.runs import perform, sensor_requests
 
     url = f"sqlite:///{ready_db}"
-    monkeypatch.setenv("MARKETING_RETRY_BACKOFF_SECONDS", "0")
-    monkeypatch.setenv("MARKETING_WEBHOOK_ALLOW_NETWORKS", "127.0.0.1/32")
+    cli = cli_for(url, MARKETING_WEBHOOK_ALLOW_NETWORKS="127.0.0.1/32")
+    no_backoff = ExecutionSettings(retry_backoff_seconds=0)
     # Nothing listens on port 9 of 127.0.0.1: each attempt fails with "unreachable".
     payload = '{"url": "http://127.0.0.1:9/hook"}'
     args = ["executions", "schedule", "--campaign", "spring-launch", "--stage", "launch", "--action", "webhook"]
-    execution_id = int(run(*args, "--due", "now", "--payload", payload, "--max-attempts", "2").output)
+    execution_id = int(cli(*args, "--due", "now", "--payload", payload, "--max-attempts", "2").output)
     run_ids = []
     with dg.instance_for_test() as instance:
         for _ in range(2):
-            [request] = sensor_requests(due_executions_sensor, url, instance)
-            run_ids.append(perform(request, url, instance).run_id)
-    shown = run("executions", "show", str(execution_id))
+            [request] = sensor_requests(due_executions_sensor, url, instance, no_backoff)
+            run_ids.append(perform(request, url, instance, settings=no_backoff).run_id)
+    shown = cli("executions", "show", str(execution_id))
     assert shown.exit_code == 0, shown.output
     lines = shown.output.splitlines()
     assert any(line.split() == ["status:", "FAILED"] for line in lines)
@@ -221,27 +247,27 @@ def test_executions_show_prints_each_attempt_with_its_run_and_the_last_error(
         ("1", run_ids[0], "RESCHEDULED"),
         ("2", run_ids[1], "FAILED"),
     ]
-    as_json = json.loads(run("executions", "show", str(execution_id), "--json").output)
+    as_json = json.loads(cli("executions", "show", str(execution_id), "--json").output)
     assert [a["run_id"] for a in as_json["attempts"]] == run_ids
 
 
-def test_executions_show_of_an_unknown_id_is_one_line(ready_db: Path) -> None:
-    result = run("executions", "show", "999")
+def test_executions_show_of_an_unknown_id_is_one_line(ready_db: Path, cli: Cli) -> None:
+    result = cli("executions", "show", "999")
     assert result.exit_code == 1
     assert result.output.strip() == "Error: execution 999 does not exist; see marketing-pipelines executions list"
 
 
-def test_limits_show_rounds_and_report_names_days_outside_the_partitions(ready_db: Path) -> None:
+def test_limits_show_rounds_and_report_names_days_outside_the_partitions(ready_db: Path, cli: Cli) -> None:
     from marketing_pipelines.agents import token_bucket
     from marketing_pipelines.db.engine import get_engine
 
-    run("limits", "show")  # creates the buckets
+    cli("limits", "show")  # creates the buckets
     with get_engine(f"sqlite:///{ready_db}").begin() as conn:
         assert token_bucket.try_acquire(conn, "openai")  # leaves a refilling fraction, e.g. 59.0058...
-    listed = json.loads(run("limits", "show", "--json").output.split("\nagent_runs pool")[0])
+    listed = json.loads(cli("limits", "show", "--json").output.split("\nagent_runs pool")[0])
     openai = next(row for row in listed if row["provider"] == "openai")
     assert 59 <= openai["tokens"] < 60 and round(openai["tokens"], 2) == openai["tokens"]
-    result = run("report", "--campaign", "spring-launch", "--from", "2025-01-01", "--to", "2025-01-31")
+    result = cli("report", "--campaign", "spring-launch", "--from", "2025-01-01", "--to", "2025-01-31")
     assert result.exit_code == 0
     assert "note: days before 2026-01-01 are outside the measurement partitions" in result.output
 

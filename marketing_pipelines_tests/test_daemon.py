@@ -16,10 +16,6 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-# Read-only views of the daemon's sensor state; dagster exports no public name for them.
-from dagster._core.definitions.run_request import InstigatorType
-from dagster._core.scheduler.instigation import InstigatorStatus, TickStatus
-
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.db.engine import get_engine
@@ -27,6 +23,9 @@ from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.executions.queue import schedule_execution
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.processes import REPO_ROOT, child_env, dagster_bin, running, start, wait_for
+
+# Real daemon processes: end to end, left out of the quick loop.
+pytestmark = pytest.mark.slow
 
 EXECUTIONS = 3
 # About 40 s on an idle 2-core machine (each run is two fresh Python processes); the bound leaves
@@ -124,7 +123,7 @@ def test_daemon_runs_due_executions_and_a_queued_agent_run_unattended(pg_url: st
             }
             states = {
                 s.instigator_name: s
-                for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR)
+                for s in _sensor_states(instance)
                 if s.instigator_name in ("due_executions_sensor", "queued_agent_runs_sensor")
             }
             ticks = [t for s in states.values() for t in instance.get_ticks(s.instigator_origin_id, s.selector_id)]
@@ -135,17 +134,21 @@ def test_daemon_runs_due_executions_and_a_queued_agent_run_unattended(pg_url: st
     }
     # Nobody turned the sensor on: its state is the default declared in code, and its ticks
     # launched exactly these runs.
-    assert {name: s.status for name, s in states.items()} == {
-        "due_executions_sensor": InstigatorStatus.DECLARED_IN_CODE,
-        "queued_agent_runs_sensor": InstigatorStatus.DECLARED_IN_CODE,
+    assert {name: s.status.value for name, s in states.items()} == {
+        "due_executions_sensor": "DECLARED_IN_CODE",
+        "queued_agent_runs_sensor": "DECLARED_IN_CODE",
     }
-    assert {run_id for tick in ticks if tick.status == TickStatus.SUCCESS for run_id in tick.run_ids} == run_ids
+    assert {run_id for tick in ticks if tick.status.value == "SUCCESS" for run_id in tick.run_ids} == run_ids
+
+
+def _sensor_states(instance: dg.DagsterInstance) -> list[Any]:
+    # Read through the instance's own methods; the enums they return are compared by value, not imported
+    # from dagster._core.
+    return [s for s in instance.all_instigator_state() if s.instigator_type.value == "SENSOR"]
 
 
 def _sensor_ticks(instance: dg.DagsterInstance, name: str) -> list[Any]:
-    [state] = [
-        s for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR) if s.instigator_name == name
-    ]
+    [state] = [s for s in _sensor_states(instance) if s.instigator_name == name]
     return list(instance.get_ticks(state.instigator_origin_id, state.selector_id))
 
 
@@ -199,7 +202,7 @@ def test_a_failing_domain_sensor_costs_the_other_domain_nothing(
             with dg.DagsterInstance.from_config(str(home)) as instance:
                 failed = wait_for(
                     f"a failed tick of {broken_sensor}",
-                    lambda: [t for t in _sensor_ticks(instance, broken_sensor) if t.status == TickStatus.FAILURE],
+                    lambda: [t for t in _sensor_ticks(instance, broken_sensor) if t.status.value == "FAILURE"],
                     60,
                     children,
                 )

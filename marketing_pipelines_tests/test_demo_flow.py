@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.demo import run_demo
+from marketing_pipelines.settings import Settings, load_settings
 
 
 def _rows(engine: sa.Engine) -> tuple[list[tuple[int, str]], int]:
@@ -21,23 +22,28 @@ def _rows(engine: sa.Engine) -> tuple[list[tuple[int, str]], int]:
     return [tuple(r) for r in executions], runs
 
 
+def _embedded_default(folder: Path) -> Settings:
+    # The demo's own default database, under the folder it runs in (the demo writes its Dagster home there too).
+    return load_settings(database_url=f"sqlite:///{folder / '.marketing' / 'marketing.db'}")
+
+
 def test_a_second_demo_adds_no_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MARKETING_DATABASE_URL", raising=False)
     first_lines: list[str] = []
-    run_demo(days=1, echo=first_lines.append)
+    run_demo(days=1, echo=first_lines.append, settings=_embedded_default(tmp_path))
     engine = get_engine(f"sqlite:///{tmp_path / '.marketing' / 'marketing.db'}")
     first = _rows(engine)
     # 5 scheduled executions, 3 agent runs, and the one follow-up an agent proposed (due tomorrow).
     assert len(first[0]) == 6 and first[1] == 3
     second_lines: list[str] = []
-    run_demo(days=1, echo=second_lines.append)
+    run_demo(days=1, echo=second_lines.append, settings=_embedded_default(tmp_path))
     assert _rows(engine) == first
     assert any("schema current" in line for line in second_lines)
     assert any("scheduled executions []; reused [1, 2, 3, 4, 5]" in line for line in second_lines)
     assert any("queued agent runs []; reused [1, 2, 3]" in line for line in second_lines)
 
 
+@pytest.mark.slow
 def test_the_demo_while_the_ui_daemon_runs_lets_it_do_the_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # What `marketing-pipelines ui` starts, less the webserver: a daemon on the demo's own Dagster
     # home and database, allowed to reach the demo's receiver on 127.0.0.1.
@@ -47,7 +53,6 @@ def test_the_demo_while_the_ui_daemon_runs_lets_it_do_the_work(tmp_path: Path, m
     from marketing_pipelines_tests.processes import child_env, dagster_bin, running, start, wait_for
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("MARKETING_DATABASE_URL", raising=False)
     home = dagster_home(tmp_path)
     env = child_env(
         DAGSTER_HOME=str(home),
@@ -60,7 +65,7 @@ def test_the_demo_while_the_ui_daemon_runs_lets_it_do_the_work(tmp_path: Path, m
     with running([]) as children, dg.DagsterInstance.from_config(str(home)) as instance:
         children.append(start("dagster-daemon", argv, env, tmp_path, cwd=tmp_path))
         wait_for("the daemon's first heartbeat", lambda: "SENSOR" in instance.get_daemon_heartbeats(), 120, children)
-        run_demo(days=1, echo=lines.append)
+        run_demo(days=1, echo=lines.append, settings=_embedded_default(tmp_path))
         engine = get_engine(f"sqlite:///{tmp_path / '.marketing' / 'marketing.db'}")
         executions, runs = _rows(engine)
         wait_for(

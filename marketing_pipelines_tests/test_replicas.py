@@ -1,35 +1,30 @@
 """Two code-server replicas evaluate ``due_executions_sensor`` at once against one PostgreSQL app database.
 
-Both replicas are real ``dagster code-server start`` processes, called over gRPC the way the
-daemon calls them, with Dagster's own storage on PostgreSQL through deploy/dagster.yaml. Each
-due execution must be launched exactly once, and both replicas must have claimed some.
+Both replicas are real ``dagster code-server start`` processes, loaded as two code locations by a real
+``dagster-webserver`` from a copy of deploy/workspace.yaml (ports changed), with Dagster's own storage on
+PostgreSQL through deploy/dagster.yaml. Each tick is the webserver's public sensor dry run (GraphQL
+``sensorDryRun``, the UI's "Test sensor"), which has the replica's code server evaluate the sensor over gRPC
+as the daemon does: the claims run in the two replicas' processes, at once. Each due execution must be
+launched exactly once, and both replicas must have claimed some.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import dagster as dg
+import httpx
 import pytest
 import sqlalchemy as sa
 import yaml
-
-# The daemon's own client and argument types for evaluating a sensor on a code server; Dagster has
-# no public API for this call.
-from dagster._core.definitions.sensor_definition import SensorExecutionData
-from dagster._core.instance.ref import InstanceRef
-from dagster._core.remote_origin import GrpcServerCodeLocationOrigin, RemoteRepositoryOrigin
-from dagster._core.workspace.config_schema import ensure_workspace_config
-from dagster._grpc.client import DagsterGrpcClient
-from dagster._grpc.types import ListRepositoriesResponse, SensorExecutionArgs
-from dagster._serdes import deserialize_value
-from dagster._utils.error import SerializableErrorInfo
+from dagster_graphql import DagsterGraphQLClient, ReloadRepositoryLocationStatus
 
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_execution
@@ -37,6 +32,7 @@ from marketing_pipelines.executions.sensors import TAG_CLAIMED_BY, executions_of
 from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions
 from marketing_pipelines_tests.processes import (
     REPO_ROOT,
+    Child,
     child_env,
     dagster_bin,
     free_port,
@@ -49,87 +45,121 @@ DUE = 600
 BATCH_SIZE = 10
 PER_RUN = 4  # runs of up to 4 executions: a tick of 10 makes runs of 4, 4 and 2
 REPLICAS = 2
-LOCATION = "marketing_pipelines"
 SENSOR = "due_executions_sensor"
+REPOSITORY = "__repository__"  # the name Dagster gives the repository of a Definitions object
 LOOP_SECONDS = 60
+
+DRY_RUN = """
+mutation ($selector: SensorSelector!, $cursor: String) {
+  sensorDryRun(selectorData: $selector, cursor: $cursor) {
+    __typename
+    ... on Error { message }
+    ... on DryRunInstigationTick {
+      evaluationResult {
+        runRequests { runKey tags { key value } }
+        skipReason
+        error { message stack }
+      }
+    }
+  }
+}
+"""
 
 
 @pytest.fixture
-def dagster_storage_env(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
-    """A throwaway PostgreSQL database for Dagster's storage, as the DAGSTER_PG_* vars deploy/dagster.yaml reads."""
+def dagster_storage_env(pg_url: str) -> Iterator[dict[str, str]]:
+    """A throwaway PostgreSQL database for Dagster's storage, as the DAGSTER_PG_* vars deploy/dagster.yaml reads.
+
+    The variables go to the child processes only; the test's own environment is left alone.
+    """
     name = f"mp_dagster_{uuid.uuid4().hex[:10]}"
     # CREATE/DROP DATABASE may run from any database; the app's test database is at hand.
     admin = sa.create_engine(get_engine(pg_url).url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     url = sa.engine.make_url(pg_url)
-    env = {
-        "DAGSTER_PG_HOST": url.host or "127.0.0.1",
-        "DAGSTER_PG_PORT": str(url.port or 5432),
-        "DAGSTER_PG_USER": url.username or "postgres",
-        "DAGSTER_PG_PASSWORD": url.password or "",
-        "DAGSTER_PG_DB": name,
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
     try:
-        yield env
+        yield {
+            "DAGSTER_PG_HOST": url.host or "127.0.0.1",
+            "DAGSTER_PG_PORT": str(url.port or 5432),
+            "DAGSTER_PG_USER": url.username or "postgres",
+            "DAGSTER_PG_PASSWORD": url.password or "",
+            "DAGSTER_PG_DB": name,
+        }
     finally:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
 
 
+def replica_workspace(path: Path) -> list[tuple[str, int]]:
+    """deploy/workspace.yaml with each of the first REPLICAS entries on a free local port; (location, port) each."""
+    config = yaml.safe_load((REPO_ROOT / "deploy" / "workspace.yaml").read_text())
+    entries = config["load_from"][:REPLICAS]
+    for entry in entries:
+        entry["grpc_server"].update(host="127.0.0.1", port=free_port())
+    path.write_text(yaml.safe_dump({"load_from": entries}))
+    return [(e["grpc_server"]["location_name"], e["grpc_server"]["port"]) for e in entries]
+
+
 @dataclass
 class Replica:
-    name: str
-    client: DagsterGrpcClient
-    origin: RemoteRepositoryOrigin | None = None
-    batches: list[list[dg.RunRequest]] = field(default_factory=list)
+    location: str
+    webserver: str
+    batches: list[list[dict[str, str]]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     skips: list[str] = field(default_factory=list)
 
-    def repository_origin(self) -> RemoteRepositoryOrigin | None:
-        """The one repository the server loaded, or None while it is still loading."""
-        try:
-            response = deserialize_value(self.client.list_repositories())
-        except Exception:  # not listening yet, or the proxy's child not up yet
-            return None
-        if not isinstance(response, ListRepositoriesResponse):
-            return None
-        [symbol] = response.repository_symbols
-        location = GrpcServerCodeLocationOrigin(host=self.client.host, port=self.client.port, location_name=LOCATION)
-        self.origin = RemoteRepositoryOrigin(location, symbol.repository_name)
-        return self.origin
+    def tick(self, client: httpx.Client) -> dict[str, Any] | str:
+        """One evaluation of the sensor on this replica's code server: its evaluation result, or an error."""
+        selector = {"repositoryLocationName": self.location, "repositoryName": REPOSITORY, "sensorName": SENSOR}
+        response = client.post("/graphql", json={"query": DRY_RUN, "variables": {"selector": selector, "cursor": None}})
+        if response.status_code != 200:
+            return f"HTTP {response.status_code}: {response.text[:500]}"
+        body = response.json()
+        if body.get("errors"):
+            return str(body["errors"])
+        result = body["data"]["sensorDryRun"]
+        if result["__typename"] != "DryRunInstigationTick":
+            return f"{result['__typename']}: {result.get('message')}"
+        evaluation = result["evaluationResult"]
+        if evaluation["error"]:
+            return f"{evaluation['error']['message']}\n{evaluation['error']['stack']}"
+        return evaluation
 
-    def tick(self, instance_ref: InstanceRef) -> SensorExecutionData | str:
-        """One evaluation of the sensor on this server, as the daemon would ask for it."""
-        assert self.origin is not None
-        args = SensorExecutionArgs(
-            repository_origin=self.origin, instance_ref=instance_ref, sensor_name=SENSOR, timeout=30
-        )
-        result = deserialize_value(self.client.external_sensor_execution(args))
-        if isinstance(result, SensorExecutionData):
-            return result
-        error = getattr(result, "error", None)
-        return error.to_string() if isinstance(error, SerializableErrorInfo) else repr(result)
-
-    def drain(self, instance_ref: InstanceRef, go: threading.Barrier, deadline: float) -> None:
-        """Tick until the sensor finds nothing due (or errors); keep every batch of run requests."""
-        go.wait()
-        while time.monotonic() < deadline:
-            result = self.tick(instance_ref)
-            if isinstance(result, str):
-                self.errors.append(result)
-                return
-            if result.run_requests:
-                self.batches.append(list(result.run_requests))
-            else:
-                self.skips.append(result.skip_message or "")
-                return
+    def drain(self, go: threading.Barrier, deadline: float) -> None:
+        """Tick until the sensor finds nothing due (or errors); keep every batch of run requests' tags."""
+        with httpx.Client(base_url=self.webserver, timeout=60) as client:
+            go.wait()
+            while time.monotonic() < deadline:
+                result = self.tick(client)
+                if isinstance(result, str):
+                    self.errors.append(result)
+                    return
+                requests = result["runRequests"] or []
+                if requests:
+                    self.batches.append([{t["key"]: t["value"] for t in r["tags"]} for r in requests])
+                else:
+                    self.skips.append(result["skipReason"] or "")
+                    return
         self.errors.append(f"still claiming after {LOOP_SECONDS}s")
 
 
+def _server_up(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/server_info", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _location_loaded(graphql: DagsterGraphQLClient, location: str) -> bool:
+    # The webserver may have tried the replica before it listened; a reload picks it up once it does.
+    return graphql.reload_repository_location(location).status == ReloadRepositoryLocationStatus.SUCCESS
+
+
+# dagster-graphql 1.13.27's client calls gql in a way gql 4 deprecates; nothing this test can change.
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Using variable_values and operation_name:DeprecationWarning")
 def test_two_code_server_replicas_launch_each_due_execution_exactly_once(
     pg_url: str, dagster_storage_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -143,6 +173,7 @@ def test_two_code_server_replicas_launch_each_due_execution_exactly_once(
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO_ROOT / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    locations = replica_workspace(tmp_path / "workspace.yaml")
     env = child_env(
         DAGSTER_HOME=str(home),
         MARKETING_DATABASE_URL=pg_url,
@@ -150,59 +181,62 @@ def test_two_code_server_replicas_launch_each_due_execution_exactly_once(
         MARKETING_EXECUTIONS_PER_RUN=str(PER_RUN),
         **dagster_storage_env,
     )
-    # Opening the instance here creates Dagster's tables once, before the replicas race to use them.
-    with dg.DagsterInstance.from_config(str(home)) as instance, running([]) as children:
-        instance_ref = instance.get_ref()
-        replicas: list[Replica] = []
-        for i in range(REPLICAS):
-            port = free_port()
-            argv = [
-                dagster_bin("dagster"),
-                "code-server",
-                "start",
-                "-m",
-                "marketing_pipelines.definitions",
-                "--location-name",
-                LOCATION,
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(port),
-            ]
-            children.append(start(f"code-server-{i}", argv, env, tmp_path))
-            replicas.append(Replica(f"code-server-{i}", DagsterGrpcClient(port=port, host="127.0.0.1")))
-        for replica in replicas:
-            wait_for(f"{replica.name} to load the definitions", replica.repository_origin, 75, children)
+    # Dagster's tables are created once, here, before three processes race to use them.
+    migrate = subprocess.run(
+        [dagster_bin("dagster"), "instance", "migrate"], env=env, cwd=tmp_path, capture_output=True, timeout=180
+    )
+    assert migrate.returncode == 0, migrate.stdout.decode() + migrate.stderr.decode()
 
+    web_port = free_port()
+    webserver = f"http://127.0.0.1:{web_port}"
+    with running([]) as children:
+        for location, port in locations:
+            argv = [dagster_bin("dagster"), "code-server", "start", "-m", "marketing_pipelines.definitions"]
+            argv += ["--location-name", location, "-h", "127.0.0.1", "-p", str(port)]
+            children.append(start(location, argv, env, tmp_path))
+        web_argv = [dagster_bin("dagster-webserver"), "-w", str(tmp_path / "workspace.yaml")]
+        children.append(start("webserver", [*web_argv, "-h", "127.0.0.1", "-p", str(web_port)], env, tmp_path))
+        wait_for("dagster-webserver to answer /server_info", lambda: _server_up(webserver), 75, children)
+        graphql = DagsterGraphQLClient("127.0.0.1", port_number=web_port)
+        for location, _ in locations:
+            wait_for(f"{location} to load", lambda loc=location: _location_loaded(graphql, loc), 90, children, 2)
+
+        replicas = [Replica(location, webserver) for location, _ in locations]
         go = threading.Barrier(REPLICAS)
         deadline = time.monotonic() + LOOP_SECONDS
-        threads = [threading.Thread(target=r.drain, args=(instance_ref, go, deadline)) for r in replicas]
+        threads = [threading.Thread(target=r.drain, args=(go, deadline)) for r in replicas]
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(LOOP_SECONDS + 35)
+            thread.join(LOOP_SECONDS + 65)
         assert not any(t.is_alive() for t in threads), "a replica's sensor call never returned"
+        _assert_alive(children)
 
     assert [r.errors for r in replicas] == [[]] * REPLICAS, "\n".join(e for r in replicas for e in r.errors)
-    requests = [req for r in replicas for batch in r.batches for req in batch]
-    launched = [i for req in requests for i in executions_of_run(req.tags)]
+    requests = [tags for r in replicas for batch in r.batches for tags in batch]
+    launched = [i for tags in requests for i in executions_of_run(tags)]
     assert len(launched) == len(set(launched)), "an execution was launched twice"
     assert set(launched) == due_ids
-    per_tick = [sum(len(executions_of_run(req.tags)) for req in batch) for r in replicas for batch in r.batches]
+    per_tick = [sum(len(executions_of_run(tags)) for tags in batch) for r in replicas for batch in r.batches]
     assert all(n <= BATCH_SIZE for n in per_tick)
-    assert all(len(executions_of_run(req.tags)) <= PER_RUN for req in requests)
-    claimed_per_replica = {r.name: sum(len(executions_of_run(q.tags)) for b in r.batches for q in b) for r in replicas}
-    assert all(claimed_per_replica.values()), f"a replica claimed nothing: {claimed_per_replica}"
+    assert all(len(executions_of_run(tags)) <= PER_RUN for tags in requests)
+    claimed = {r.location: sum(len(executions_of_run(t)) for b in r.batches for t in b) for r in replicas}
+    assert all(claimed.values()), f"a replica claimed nothing: {claimed}"
     assert all(s.startswith("Nothing due") for r in replicas for s in r.skips)
     # The database agrees with the run requests: each row is leased to the claim that launched it.
     with engine.connect() as conn:
         leases = dict(conn.execute(sa.select(marketing_execution.c.id, marketing_execution.c.lease_owner)).all())
-    assert leases == {i: req.tags[TAG_CLAIMED_BY] for req in requests for i in executions_of_run(req.tags)}
+    assert leases == {i: tags[TAG_CLAIMED_BY] for tags in requests for i in executions_of_run(tags)}
+
+
+def _assert_alive(children: list[Child]) -> None:
+    for child in children:
+        child.assert_alive()
 
 
 def test_deploy_workspace_names_each_replica_as_its_own_grpc_location() -> None:
-    path = REPO_ROOT / "deploy" / "workspace.yaml"
-    config = ensure_workspace_config(yaml.safe_load(path.read_text()), str(path))
+    # The shape is proven by the webserver loading a copy of this file above; here, what makes replicas distinct.
+    config = yaml.safe_load((REPO_ROOT / "deploy" / "workspace.yaml").read_text())
     entries = [entry["grpc_server"] for entry in config["load_from"]]  # KeyError: an entry is not a gRPC server
     assert len(entries) >= REPLICAS
     names = [entry["location_name"] for entry in entries]

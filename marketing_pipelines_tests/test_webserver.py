@@ -17,6 +17,9 @@ import pytest
 from marketing_pipelines.definitions import defs
 from marketing_pipelines_tests.processes import REPO_ROOT, child_env, dagster_bin, free_port, running, start, wait_for
 
+# A real webserver process: end to end, left out of the quick loop.
+pytestmark = pytest.mark.slow
+
 LOCATION = "marketing_pipelines"
 REQUIRED_JOBS = {"marketing_execution_job", "agent_run_job"}
 REQUIRED_SENSORS = {

@@ -1,17 +1,24 @@
-"""The agents domain's Dagster definitions: its job, its claiming and reconciling sensors, its model gateway."""
+"""The agents domain's Dagster definitions: its job, its claiming and reconciling sensors, its resources."""
 
 import dagster as dg
 
 from marketing_pipelines.agents.jobs import agent_run_job
-from marketing_pipelines.agents.models import model_gateway_from_env
+from marketing_pipelines.agents.models import model_resources
+from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import (
     agent_run_canceled_sensor,
     agent_run_failure_sensor,
     queued_agent_runs_sensor,
 )
+from marketing_pipelines.settings import current_settings
 
 defs = dg.Definitions(
     jobs=[agent_run_job],
     sensors=[queued_agent_runs_sensor, agent_run_failure_sensor, agent_run_canceled_sensor],
-    resources={"models": model_gateway_from_env()},
+    resources={
+        # "models" (the ModelGateway) and each provider under its registry key; settings-derived gateway
+        # fields go in as model_resources(**gateway_config).
+        **model_resources(),
+        "agent_settings": AgentSettings.from_settings(current_settings()),
+    },
 )

@@ -9,12 +9,13 @@ from marketing_pipelines.agents import token_bucket
 from marketing_pipelines.agents.catalog import get_agent
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript
+from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.runner import AgentStopped, LeaseLost, RunLimits, run_agent_loop
 from marketing_pipelines.agents.users import get_user
-from marketing_pipelines.db.lease import LeaseKeeper, describe, finish, retry_or_fail, take_over
+from marketing_pipelines.db.lease import LeaseKeeper, finish, retry_or_fail
+from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.http import RateLimited, ServiceError
-from marketing_pipelines.settings import Settings
 
 OP_NAME = "run_agent"
 POOL = "agent_runs"
@@ -29,38 +30,37 @@ class AgentRunConfig(dg.Config):
     claimed_by: str
 
 
-def run_owner(run_id: str) -> str:
-    return f"run:{run_id}"
-
-
 @dg.op(
     name=OP_NAME,
     pool=POOL,
     description="Run one queued agent run as its requester, in the agent_runs concurrency pool.",
 )
 def run_agent(
-    context: dg.OpExecutionContext, config: AgentRunConfig, app_db: AppDatabase, models: ModelGateway
+    context: dg.OpExecutionContext,
+    config: AgentRunConfig,
+    app_db: AppDatabase,
+    models: ModelGateway,
+    agent_settings: AgentSettings,
 ) -> dg.Output[dict[str, Any]]:
-    settings = Settings.from_env()
     engine = app_db.ready_engine()
-    owner = run_owner(context.run_id)
     agent_run_id = config.agent_run_id
-    lease_s = settings.agent_lease_grace_seconds
-    with engine.begin() as conn:
-        row = take_over(
-            conn,
-            AGENT_RUNS,
-            agent_run_id,
-            claimed_by=config.claimed_by,
-            new_owner=owner,
-            lease_seconds=lease_s,
-            run_id=context.run_id,
-        )
-        state = describe(conn, AGENT_RUNS, agent_run_id) if row is None else ""
-        user = get_user(conn, row["requested_by"]) if row is not None else None
-    if row is None:
-        context.log.info(f"Agent run {agent_run_id} {state}; this run does not own it and does nothing.")
+    lease_s = agent_settings.lease_grace_seconds
+    users: dict[int, Any] = {}
+    taken = take_over_rows(
+        engine,
+        AGENT_RUNS,
+        [agent_run_id],
+        claimed_by=config.claimed_by,
+        run_id=context.run_id,
+        lease_seconds=lease_s,
+        log=context.log.info,
+        # The requester is read with the take-over: a user deactivated since the request stops the run.
+        also=lambda conn, rows: users.update({r["id"]: get_user(conn, r["requested_by"]) for r in rows}),
+    )
+    if not taken.rows:
         return dg.Output({"agent_run_id": agent_run_id, "outcome": "skipped"}, metadata={"outcome": "skipped"})
+    owner, [row] = taken.owner, taken.rows
+    user = users[agent_run_id]
 
     context.log.info(
         f"Agent run {agent_run_id}: agent {row['agent']} for campaign {row['campaign_id']}, "
@@ -83,7 +83,7 @@ def run_agent(
 
     def acquire_token() -> None:
         waited = token_bucket.acquire(
-            engine, row["model_provider"], settings.max_model_calls_per_minute, max_wait_s=TOKEN_WAIT_S
+            engine, row["model_provider"], agent_settings.max_model_calls_per_minute, max_wait_s=TOKEN_WAIT_S
         )
         if waited > 0.5:
             context.log.info(f"Waited {waited:.1f}s for a {row['model_provider']} model-call token.")

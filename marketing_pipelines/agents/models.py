@@ -1,60 +1,71 @@
-"""``ModelGateway``: the one resource through which agent runs reach a model provider.
+"""``ModelGateway``: the one resource through which agent runs reach a model provider, and ``model_resources``.
 
-Each agent run records its provider at request time; the gateway builds that provider here.
-API keys are ``dg.EnvVar``s, bound only when the variable is set when the code location loads,
-so a deployment without a key still loads and says "not configured" instead of failing.
+The provider resources (``OfflineModel``, ``AnthropicModel``, ``OpenAIModel``) are registered in the
+agents ``Definitions`` under their own keys and nested in the gateway (the same instances), so each
+provider's config (model, base URL, timeout; the key as an env var) shows under its resource in the
+Dagster UI. Each agent run records its provider at request time; the job asks the gateway for it
+by name. API keys are ``dg.EnvVar``s bound only when the variable is set when the code location
+loads, so a deployment without a key still loads and says "not configured" when a run needs it.
 """
 
-import os
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import dagster as dg
 
-from marketing_pipelines.agents.providers import AnthropicModel, ModelProvider, OfflineModel, OpenAIModel
+from marketing_pipelines.agents.providers import (
+    PROVIDERS,
+    AnthropicModel,
+    ModelProvider,
+    OfflineModel,
+    OpenAIModel,
+    provider_resources_from_env,
+    provider_spec,
+)
 from marketing_pipelines.http import ServiceError
+
+MODELS_RESOURCE_KEY = "models"
 
 
 class ModelGateway(dg.ConfigurableResource):
-    anthropic_api_key: str | None = None
-    anthropic_model: str = "claude-sonnet-4-5"
-    anthropic_base_url: str = "https://api.anthropic.com"
-    openai_api_key: str | None = None
-    openai_model: str = "gpt-4o-mini"
-    openai_base_url: str = "https://api.openai.com/v1"
-    timeout_s: float = 60.0
+    """Hands an agent run the provider it asked for, or a ServiceError saying why it cannot.
+
+    One field per provider, named as in the registry. A bare ``ModelGateway()`` (tests, the demo)
+    holds unconfigured providers: offline works, the others say "not configured".
+    """
+
+    offline: OfflineModel
+    anthropic: AnthropicModel
+    openai: OpenAIModel
+
+    def __init__(self, **data: Any) -> None:
+        for spec in PROVIDERS:
+            data.setdefault(spec.name, spec.resource_class())
+        super().__init__(**data)
 
     def provider(self, name: str) -> ModelProvider:
-        if name == "offline":
-            return OfflineModel()
-        if name == "anthropic":
-            if not self.anthropic_api_key:
-                raise ServiceError("anthropic", "not configured: set ANTHROPIC_API_KEY where the runs execute")
-            return AnthropicModel(
-                api_key=self.anthropic_api_key,
-                model=self.anthropic_model,
-                base_url=self.anthropic_base_url,
-                timeout_s=self.timeout_s,
+        spec = provider_spec(name)
+        if spec is None:
+            raise ServiceError(name, "unknown model provider")
+        resource = getattr(self, spec.name)
+        if not resource.is_configured():
+            raise ServiceError(
+                name, f"not configured: set {spec.api_key_env} where the code location loads and the runs execute"
             )
-        if name == "openai":
-            if not self.openai_api_key:
-                raise ServiceError("openai", "not configured: set OPENAI_API_KEY where the runs execute")
-            return OpenAIModel(
-                api_key=self.openai_api_key,
-                model=self.openai_model,
-                base_url=self.openai_base_url,
-                timeout_s=self.timeout_s,
-            )
-        raise ServiceError(name, "unknown model provider")
+        return resource
 
 
-def _env_or_none(name: str) -> dg.EnvVar | None:
-    return dg.EnvVar(name) if os.environ.get(name) else None
+def model_resources(
+    environ: Mapping[str, str] | None = None, **gateway_config: Any
+) -> dict[str, dg.ConfigurableResource]:
+    """The agents domain's model resources: each provider under its registry key, and the gateway holding them.
 
-
-def model_gateway_from_env() -> ModelGateway:
-    return ModelGateway(
-        anthropic_api_key=_env_or_none("ANTHROPIC_API_KEY"),
-        anthropic_model=os.environ.get("ANTHROPIC_MODEL", "claude-sonnet-4-5"),
-        openai_api_key=_env_or_none("OPENAI_API_KEY"),
-        openai_model=os.environ.get("OPENAI_MODEL", "gpt-4o-mini"),
-        openai_base_url=os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1"),
-    )
+    ``environ`` (default: os.environ) is read through the registry where the code location loads.
+    ``gateway_config`` is for the gateway's own fields that come from settings (agents/defs.py passes
+    them), never from env vars read here.
+    """
+    providers = provider_resources_from_env(environ)
+    gateway = ModelGateway(**providers, **gateway_config)
+    return {MODELS_RESOURCE_KEY: gateway, **{spec.resource_key: providers[spec.name] for spec in PROVIDERS}}

@@ -12,7 +12,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from marketing_pipelines.agents.catalog import TOOLS, get_agent
-from marketing_pipelines.agents.providers import PROVIDER_NAMES
+from marketing_pipelines.agents.providers import PROVIDER_NAMES, provider_spec
 from marketing_pipelines.agents.users import current_grants, holds, require_user
 from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.lease import LeaseQueue, cancel
@@ -28,6 +28,7 @@ AGENT_RUNS = LeaseQueue(
     retry_moves_due=False,  # a retried run keeps its place in the queue
     started_column="started_at",
     claim_columns=("id", "agent", "campaign_id", "requested_by", "attempts", "max_run_seconds"),
+    row_noun="Agent run",
 )
 MAX_INPUT_BYTES = 16 * 1024
 
@@ -38,11 +39,12 @@ def parse_input(value: str | None) -> dict[str, Any]:
 
 def configured_provider_problem(provider: str, environ: Mapping[str, str]) -> str | None:
     """Why ``provider`` cannot be used in this deployment, or None when it can."""
-    if provider not in PROVIDER_NAMES:
+    spec = provider_spec(provider)
+    if spec is None:
         return f"unknown model provider {provider!r}; known: {', '.join(PROVIDER_NAMES)}"
-    key = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}.get(provider)
-    if key and not environ.get(key):
-        return f"model provider {provider!r} is not configured: set {key}"
+    missing = spec.missing_key(environ)
+    if missing:
+        return f"model provider {provider!r} is not configured: set {missing}"
     return None
 
 

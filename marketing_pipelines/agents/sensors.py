@@ -9,29 +9,23 @@ import json
 import dagster as dg
 import sqlalchemy as sa
 
-from marketing_pipelines.agents.jobs import OP_NAME, POOL, agent_run_job, run_owner
+from marketing_pipelines.agents.jobs import OP_NAME, POOL, agent_run_job
 from marketing_pipelines.agents.queue import AGENT_RUNS, running_count
-from marketing_pipelines.db.engine import DatabaseUnavailable
-from marketing_pipelines.db.lease import (
-    CANCELLED,
-    claim_batch,
-    finish,
-    new_claim_owner,
-    recover_expired,
-    retry_or_fail,
+from marketing_pipelines.agents.resources import AgentSettings
+from marketing_pipelines.db.lease import CANCELLED, new_claim_owner
+from marketing_pipelines.db.leased_runs import (
+    TAG_CAMPAIGN_ID,
+    TAG_CLAIMED_BY,
+    claim_requests,
+    reconcile_run,
 )
-from marketing_pipelines.db.migrate import SchemaNotReady
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.settings import Settings
+from marketing_pipelines.settings import current_settings
 
 TAG_AGENT_RUN_ID = "marketing/agent_run_id"
 TAG_REQUESTED_BY = "marketing/requested_by"
 TAG_AGENT = "marketing/agent"
-TAG_CAMPAIGN_ID = "marketing/campaign_id"
-TAG_CLAIMED_BY = "marketing/claimed_by"
 TAG_ATTEMPT = "marketing/attempt"
-
-_settings = Settings.from_env()
 
 
 def ensure_pool_limit(instance: dg.DagsterInstance, limit: int) -> bool:
@@ -75,28 +69,26 @@ def claim_agent_run_requests(
     they survive restarts and hold no lease, instead of waiting inside Dagster with a lease
     ticking. The pool remains the hard limit if two replicas race to the same free slots.
     """
-    with engine.begin() as conn:
-        recovery = recover_expired(conn, AGENT_RUNS)
-    with engine.begin() as conn:
-        free = min(batch_size, pool_limit - running_count(conn))
-        rows = claim_batch(conn, AGENT_RUNS, claimed_by, free, grace_seconds) if free > 0 else []
-    summary = f"agent runs: claimed {len(rows)} (pool free {max(free, 0)})"
-    if recovery.requeued or recovery.failed:
-        summary += f", expired leases requeued {list(recovery.requeued)} failed {list(recovery.failed)}"
-    return [agent_run_request(row, claimed_by, grace_seconds) for row in rows], summary
+    claim = claim_requests(
+        engine,
+        AGENT_RUNS,
+        claimed_by,
+        room=lambda conn: min(batch_size, pool_limit - running_count(conn)),
+        lease_seconds=grace_seconds,
+        to_requests=lambda rows: [agent_run_request(row, claimed_by, grace_seconds) for row in rows],
+    )
+    return claim.requests, claim.summary("agent runs", "pool free")
 
 
 def reconcile_agent_run(engine: sa.Engine, run: dg.DagsterRun, outcome: str, reason: str) -> str | None:
     """Record the outcome of an agent run whose Dagster run ended without recording one."""
     agent_run_id = run.tags.get(TAG_AGENT_RUN_ID)
-    if agent_run_id is None:
+    if agent_run_id is None or not agent_run_id.isdigit():
         return None
-    owners = [run_owner(run.run_id), run.tags.get(TAG_CLAIMED_BY, "")]
-    with engine.begin() as conn:
-        if outcome == CANCELLED:
-            done = finish(conn, AGENT_RUNS, int(agent_run_id), owners, CANCELLED, {"error": reason})
-            return CANCELLED if done else None
-        return retry_or_fail(conn, AGENT_RUNS, int(agent_run_id), owners, reason, 0, run_id=run.run_id)
+    # An agent run keeps its place in the queue: its retry is due at once.
+    held = {int(agent_run_id): int(run.tags.get(TAG_ATTEMPT, "1") or 1)}
+    statuses = reconcile_run(engine, AGENT_RUNS, run, held, outcome, reason, retry_delay_seconds=lambda _: 0)
+    return next(iter(statuses), None)
 
 
 def _pool_limit(context: dg.SensorEvaluationContext, setting: int) -> int:
@@ -120,7 +112,7 @@ def _pool_limit(context: dg.SensorEvaluationContext, setting: int) -> int:
 @dg.sensor(
     name="queued_agent_runs_sensor",
     jobs=[agent_run_job],
-    minimum_interval_seconds=_settings.sensor_interval_seconds,
+    minimum_interval_seconds=current_settings().sensor_interval_seconds,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description=(
         "Applies MARKETING_MAX_CONCURRENT_AGENT_RUNS to the agent_runs pool when it changes (a UI edit stands "
@@ -130,16 +122,14 @@ def _pool_limit(context: dg.SensorEvaluationContext, setting: int) -> int:
     ),
 )
 def queued_agent_runs_sensor(
-    context: dg.SensorEvaluationContext, app_db: AppDatabase
+    context: dg.SensorEvaluationContext, app_db: AppDatabase, agent_settings: AgentSettings
 ) -> dg.SensorResult | dg.SkipReason:
-    settings = Settings.from_env()
-    try:
-        engine = app_db.ready_engine()
-    except (SchemaNotReady, DatabaseUnavailable) as exc:
-        return dg.SkipReason(str(exc))
-    pool_limit = _pool_limit(context, settings.max_concurrent_agent_runs)
+    engine = app_db.ready_engine_or_skip()
+    if isinstance(engine, dg.SkipReason):
+        return engine
+    pool_limit = _pool_limit(context, agent_settings.max_concurrent_agent_runs)
     requests, summary = claim_agent_run_requests(
-        engine, new_claim_owner(), settings.sensor_batch_size, pool_limit, settings.agent_lease_grace_seconds
+        engine, new_claim_owner(), agent_settings.batch_size, pool_limit, agent_settings.lease_grace_seconds
     )
     if not requests:
         return dg.SkipReason(f"Nothing to start ({summary}).")

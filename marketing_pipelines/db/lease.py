@@ -56,6 +56,7 @@ class LeaseQueue:
     # What claim_batch returns: the columns a run request needs. Returning every column (the
     # JSON payload decoded, each timestamp converted) cost a third of the claim's throughput.
     claim_columns: tuple[str, ...] = ("id", "attempts")
+    row_noun: str = "Row"  # how log lines name one row: "Execution 12", "Agent run 7"
 
     def col(self, name: str) -> sa.Column[Any]:
         return self.table.c[name]

@@ -4,27 +4,43 @@ from __future__ import annotations
 
 import dagster as dg
 import sqlalchemy as sa
+from pydantic import Field
 
-from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.migrate import ensure_schema_current
-from marketing_pipelines.settings import Settings
+from marketing_pipelines.db.engine import DatabaseUnavailable, get_engine
+from marketing_pipelines.db.migrate import SchemaNotReady, ensure_schema_current
+from marketing_pipelines.settings import default_database_url, env_name, env_var_if_set
+
+DATABASE_URL_ENV = env_name("database_url")
 
 
 class AppDatabase(dg.ConfigurableResource):
     """Connection to the application database.
 
-    ``url`` is left empty in ``Definitions`` on purpose: it is then resolved from
-    MARKETING_DATABASE_URL (or the embedded SQLite default) inside the process that uses it,
-    so a URL with a password never appears in the run config shown in the UI.
+    In ``Definitions`` ``url`` is ``dg.EnvVar("MARKETING_DATABASE_URL")`` when that is set (only the
+    variable's name shows in the UI, never a password) and empty otherwise: the embedded SQLite
+    default under ``.marketing/`` of the working directory.
     """
 
-    url: str | None = None
+    url: str | None = Field(
+        None, description=f"Application database URL; empty: the embedded SQLite default. Env var: {DATABASE_URL_ENV}."
+    )
+
+    @classmethod
+    def from_env(cls) -> AppDatabase:
+        return cls(url=env_var_if_set(DATABASE_URL_ENV))
 
     def resolved_url(self) -> str:
-        return self.url or Settings.from_env().resolved_database_url
+        return self.url or default_database_url()
 
     def engine(self) -> sa.Engine:
         return get_engine(self.resolved_url())
+
+    def ready_engine_or_skip(self) -> sa.Engine | dg.SkipReason:
+        """The ready engine for a sensor, or the one-line reason its tick skips (not migrated, unreachable)."""
+        try:
+            return self.ready_engine()
+        except (SchemaNotReady, DatabaseUnavailable) as exc:
+            return dg.SkipReason(str(exc))
 
     def ready_engine(self) -> sa.Engine:
         """The engine, after checking the schema is current (raises SchemaNotReady otherwise)."""

@@ -15,9 +15,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import dagster as dg
 import httpx
+from pydantic import Field, field_validator
 
-from marketing_pipelines.executions.egress import EgressPolicy, EgressRefused, parse_networks
+from marketing_pipelines.egress import ALLOW_SETTING, EgressPolicy, EgressRefused, parse_networks
 from marketing_pipelines.redact import redact_url, redact_urls
+from marketing_pipelines.settings import Settings, current_settings, setting_field
 
 # What a webhook response may cost us: enough of an error body to quote 200 characters.
 MAX_RESPONSE_BYTES = 8 * 1024
@@ -68,12 +70,30 @@ class WebhookClient(dg.ConfigurableResource):
 
     ``timeout_s`` bounds the whole request (connect, send, headers and body), not each read: a
     receiver dripping one byte a second cannot hold a run. Only ``MAX_RESPONSE_BYTES`` of the
-    response are read. Destinations follow the egress policy (``executions/egress.py``);
+    response are read. Destinations follow the egress policy (``egress.py``);
     ``allow_networks`` are the CIDRs an operator allows beyond public addresses.
     """
 
-    timeout_s: float = 10.0
-    allow_networks: list[str] = []
+    timeout_s: float = setting_field("webhook_timeout_seconds")
+    allow_networks: list[str] = Field(
+        default=[],
+        description="CIDRs webhooks may reach beyond public addresses (loopback, private); never link-local. "
+        f"Env var: {ALLOW_SETTING}.",
+    )
+    concurrency: int = setting_field("webhook_concurrency")
+
+    @field_validator("allow_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        return [str(network) for network in parse_networks(value)]
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WebhookClient:
+        return cls(
+            timeout_s=settings.webhook_timeout_seconds,
+            allow_networks=list(settings.webhook_allow_networks),
+            concurrency=settings.webhook_concurrency,
+        )
 
     def policy(self) -> EgressPolicy:
         return EgressPolicy(parse_networks(self.allow_networks))
@@ -190,11 +210,9 @@ class WebhookAction:
         return {"status_code": response.status_code, "idempotency_key": ctx.idempotency_key}
 
 
-def webhook_policy() -> EgressPolicy:
-    """The egress policy the settings give (``MARKETING_WEBHOOK_ALLOW_NETWORKS``), for schedule-time checks."""
-    from marketing_pipelines.settings import Settings
-
-    return EgressPolicy(parse_networks(Settings.from_env().webhook_allow_networks))
+def webhook_policy(settings: Settings | None = None) -> EgressPolicy:
+    """The egress policy ``settings`` give (default: this process's), for schedule-time checks."""
+    return EgressPolicy(parse_networks((settings or current_settings()).webhook_allow_networks))
 
 
 ACTIONS: dict[str, Action] = {action.name: action for action in (LogAction(), WebhookAction())}

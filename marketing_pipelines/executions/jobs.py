@@ -19,7 +19,8 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from marketing_pipelines.db.lease import LeaseKeeper, describe, finish, retry_or_fail, take_over_many
+from marketing_pipelines.db.lease import LeaseKeeper, describe, finish, retry_or_fail
+from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.actions import (
     ActionContext,
@@ -35,8 +36,8 @@ from marketing_pipelines.executions.queue import (
     get_execution,
     start_attempts,
 )
+from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.redact import redact_urls
-from marketing_pipelines.settings import Settings
 
 OP_NAME = "perform_executions"
 # A run's outcome table shows at most this many rows; the run log has a line for every execution.
@@ -46,15 +47,6 @@ OUTCOME_TABLE_ROWS = 1000
 class ExecutionBatchConfig(dg.Config):
     execution_ids: list[int]
     claimed_by: str  # the sensor's lease owner; the run takes each lease over from it
-
-
-def run_owner(run_id: str) -> str:
-    return f"run:{run_id}"
-
-
-def retry_delay_seconds(settings: Settings, attempt: int) -> float:
-    # Exponential backoff per attempt, capped at an hour so a long-failing webhook is still retried.
-    return min(3600.0, settings.retry_backoff_seconds * 2 ** max(0, attempt - 1))
 
 
 @dataclass(frozen=True)
@@ -72,7 +64,12 @@ class ExecutionOutcome:
 
 
 def _record(
-    engine: sa.Engine, row: Mapping[str, Any], owner: str, error: str | None, settings: Settings, final: bool
+    engine: sa.Engine,
+    row: Mapping[str, Any],
+    owner: str,
+    error: str | None,
+    settings: ExecutionSettings,
+    final: bool,
 ) -> tuple[str | None, str]:
     """Record one attempt's outcome in its own transaction; returns (new status or None, state).
 
@@ -87,7 +84,7 @@ def _record(
             recorded = finish(conn, EXECUTIONS, execution_id, owner, "FAILED", {"last_error": error})
             status = "FAILED" if recorded else None
         else:
-            delay = retry_delay_seconds(settings, attempt)
+            delay = settings.retry_delay_seconds(attempt)
             status = retry_or_fail(conn, EXECUTIONS, execution_id, owner, error, delay)
         if status is None:
             return None, describe(conn, EXECUTIONS, execution_id)
@@ -105,7 +102,7 @@ def _perform_one(
     owner: str,
     keeper: LeaseKeeper,
     webhook: WebhookClient,
-    settings: Settings,
+    settings: ExecutionSettings,
 ) -> ExecutionOutcome:
     execution_id, attempt = row["id"], row["attempts"]
     began = time.monotonic()
@@ -195,39 +192,39 @@ def _outcome_table(outcomes: Sequence[ExecutionOutcome]) -> dg.TableMetadataValu
     ),
 )
 def perform_executions(
-    context: dg.OpExecutionContext, config: ExecutionBatchConfig, app_db: AppDatabase, webhook: WebhookClient
+    context: dg.OpExecutionContext,
+    config: ExecutionBatchConfig,
+    app_db: AppDatabase,
+    webhook: WebhookClient,
+    execution_settings: ExecutionSettings,
 ) -> dg.Output[dict[str, int]]:
-    settings = Settings.from_env()
+    settings = execution_settings
     engine = app_db.ready_engine()
-    owner = run_owner(context.run_id)
     ids = list(dict.fromkeys(config.execution_ids))
-    with engine.begin() as conn:
-        rows = take_over_many(
-            conn,
-            EXECUTIONS,
-            ids,
-            claimed_by=config.claimed_by,
-            new_owner=owner,
-            lease_seconds=settings.execution_lease_seconds,
-            run_id=context.run_id,
-        )
-        start_attempts(conn, rows, context.run_id)
-        taken = {row["id"] for row in rows}
-        skipped = {i: describe(conn, EXECUTIONS, i) for i in ids if i not in taken}
-    outcomes: list[ExecutionOutcome] = []
-    for execution_id, state in skipped.items():
-        # E.g. a re-execution from the UI of a run whose executions already finished, or a run that
-        # started after its claim expired and another attempt took the row.
-        context.log.info(f"Execution {execution_id} {state}; this run does not own it and does nothing.")
-        outcomes.append(ExecutionOutcome(execution_id, "", "", "", 0, "SKIPPED", state, 0.0))
+    taken_over = take_over_rows(
+        engine,
+        EXECUTIONS,
+        ids,
+        claimed_by=config.claimed_by,
+        run_id=context.run_id,
+        lease_seconds=settings.lease_seconds,
+        log=context.log.info,
+        also=lambda conn, rows: start_attempts(conn, rows, context.run_id),
+    )
+    owner, rows = taken_over.owner, taken_over.rows
+    taken = {row["id"] for row in rows}
+    outcomes: list[ExecutionOutcome] = [
+        ExecutionOutcome(execution_id, "", "", "", 0, "SKIPPED", state, 0.0)
+        for execution_id, state in taken_over.skipped.items()
+    ]
     context.log.info(f"Performing {len(rows)} of {len(ids)} execution(s) as {owner}.")
 
     if rows:
         with (
             LeaseKeeper(
-                engine, EXECUTIONS, sorted(taken), owner, settings.execution_lease_seconds, on_lost=context.log.error
+                engine, EXECUTIONS, sorted(taken), owner, settings.lease_seconds, on_lost=context.log.error
             ) as keeper,
-            ThreadPoolExecutor(max_workers=min(settings.webhook_concurrency, len(rows))) as pool,
+            ThreadPoolExecutor(max_workers=min(webhook.concurrency, len(rows))) as pool,
         ):
             futures = [
                 pool.submit(_perform_one, context, engine, row, owner, keeper, webhook, settings) for row in rows

@@ -13,9 +13,9 @@ from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.engine import insert_ignoring_conflicts
 from marketing_pipelines.db.lease import LeaseQueue, cancel
 from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution, marketing_execution_attempt
+from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import InvalidPayload, get_action, webhook_policy
-from marketing_pipelines.executions.egress import EgressPolicy
 from marketing_pipelines.strict_json import parse_json_object
 
 EXECUTIONS = LeaseQueue(
@@ -25,6 +25,7 @@ EXECUTIONS = LeaseQueue(
     error_column="last_error",
     retry_moves_due=True,
     claim_columns=("id", "campaign_id", "stage", "action", "attempts"),
+    row_noun="Execution",
 )
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_ATTEMPTS = 100

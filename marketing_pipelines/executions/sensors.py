@@ -5,28 +5,24 @@
 """
 
 import hashlib
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import dagster as dg
 import sqlalchemy as sa
 
-from marketing_pipelines.db.engine import DatabaseUnavailable
-from marketing_pipelines.db.lease import (
-    CANCELLED,
-    LEASE_EXPIRED_ERROR,
-    claim_batch,
-    finish,
-    new_claim_owner,
-    recover_expired,
-    retry_or_fail,
+from marketing_pipelines.db.lease import CANCELLED, LEASE_EXPIRED_ERROR, Recovery, new_claim_owner
+from marketing_pipelines.db.leased_runs import (
+    TAG_CAMPAIGN_ID,
+    TAG_CLAIMED_BY,
+    claim_requests,
+    reconcile_run,
 )
-from marketing_pipelines.db.migrate import SchemaNotReady
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job, retry_delay_seconds, run_owner
+from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
 from marketing_pipelines.executions.queue import EXECUTIONS, attempt_outcome, end_attempt, end_open_attempts
+from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.redact import redact_urls
-from marketing_pipelines.settings import Settings
+from marketing_pipelines.settings import current_settings
 
 # One tag per execution, `marketing/execution_id.<id>` = attempt: a run holds many executions and a
 # tag key holds one value, so the id goes in the key (after a dot: Dagster allows one "/" in a key).
@@ -35,12 +31,8 @@ TAG_EXECUTION_PREFIX = "marketing/execution_id."
 # Runs of a single execution (MARKETING_EXECUTIONS_PER_RUN=1, or a lone due row) also carry the
 # plain tag, as every run did before batching.
 TAG_EXECUTION_ID = "marketing/execution_id"
-TAG_CAMPAIGN_ID = "marketing/campaign_id"  # when every execution of the run is of one campaign
 TAG_CAMPAIGNS = "marketing/campaigns"  # every campaign of the run, comma-separated
 TAG_EXECUTIONS = "marketing/executions"  # how many executions the run performs
-TAG_CLAIMED_BY = "marketing/claimed_by"
-
-_settings = Settings.from_env()
 
 
 def execution_tag(execution_id: int) -> str:
@@ -86,32 +78,36 @@ def batch_run_request(rows: Sequence[sa.RowMapping], claimed_by: str) -> dg.RunR
     )
 
 
+def _end_expired_attempts(conn: sa.Connection, recovery: Recovery) -> None:
+    end_open_attempts(conn, [*recovery.requeued, *recovery.failed], "LEASE_EXPIRED", LEASE_EXPIRED_ERROR)
+
+
 def claim_execution_requests(
-    engine: sa.Engine, claimed_by: str, batch_size: int, lease_seconds: float, executions_per_run: int
+    engine: sa.Engine, claimed_by: str, settings: ExecutionSettings
 ) -> tuple[list[dg.RunRequest], str]:
     """Recover expired leases, claim up to ``batch_size`` due rows and group them into runs.
 
     Rows stay in due order: the first run holds the longest-waiting executions.
     """
-    with engine.begin() as conn:
-        recovery = recover_expired(conn, EXECUTIONS)
-        end_open_attempts(conn, [*recovery.requeued, *recovery.failed], "LEASE_EXPIRED", LEASE_EXPIRED_ERROR)
-    with engine.begin() as conn:
-        rows = claim_batch(conn, EXECUTIONS, claimed_by, batch_size, lease_seconds)
-    requests = [
-        batch_run_request(rows[start : start + executions_per_run], claimed_by)
-        for start in range(0, len(rows), executions_per_run)
-    ]
-    summary = f"executions: claimed {len(rows)} into {len(requests)} run(s)"
-    if recovery.requeued or recovery.failed:
-        summary += f", expired leases requeued {list(recovery.requeued)} failed {list(recovery.failed)}"
-    return requests, summary
+    per_run = settings.executions_per_run
+    claim = claim_requests(
+        engine,
+        EXECUTIONS,
+        claimed_by,
+        room=settings.batch_size,
+        lease_seconds=settings.lease_seconds,
+        to_requests=lambda rows: [
+            batch_run_request(rows[start : start + per_run], claimed_by) for start in range(0, len(rows), per_run)
+        ],
+        after_recovery=_end_expired_attempts,
+    )
+    return claim.requests, claim.summary("executions")
 
 
 @dg.sensor(
     name="due_executions_sensor",
     jobs=[marketing_execution_job],
-    minimum_interval_seconds=_settings.sensor_interval_seconds,
+    minimum_interval_seconds=current_settings().sensor_interval_seconds,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description=(
         "Recovers expired execution leases, claims due executions in the database (FOR UPDATE SKIP LOCKED on "
@@ -119,49 +115,43 @@ def claim_execution_requests(
         "on many replicas at once."
     ),
 )
-def due_executions_sensor(context: dg.SensorEvaluationContext, app_db: AppDatabase) -> dg.SensorResult | dg.SkipReason:
-    settings = Settings.from_env()
-    try:
-        engine = app_db.ready_engine()
-    except (SchemaNotReady, DatabaseUnavailable) as exc:
-        return dg.SkipReason(str(exc))
-    requests, summary = claim_execution_requests(
-        engine,
-        new_claim_owner(),
-        settings.sensor_batch_size,
-        settings.execution_lease_seconds,
-        settings.executions_per_run,
-    )
+def due_executions_sensor(
+    context: dg.SensorEvaluationContext, app_db: AppDatabase, execution_settings: ExecutionSettings
+) -> dg.SensorResult | dg.SkipReason:
+    engine = app_db.ready_engine_or_skip()
+    if isinstance(engine, dg.SkipReason):
+        return engine
+    requests, summary = claim_execution_requests(engine, new_claim_owner(), execution_settings)
     if not requests:
         return dg.SkipReason(f"Nothing due ({summary}).")
     context.log.info(summary)
     return dg.SensorResult(run_requests=requests)
 
 
-def reconcile_execution_run(engine: sa.Engine, run: dg.DagsterRun, outcome: str, reason: str) -> dict[str, int]:
-    """Record the outcome of every execution a Dagster run held when it ended without recording one.
-
-    Each execution is fenced on its own by the run's lease owner (or the sensor's claim, when the
-    run died before taking it over) and by run id: executions the run already finished, or that
-    another attempt owns by now, are left alone. Returns how many rows got which new status.
-    """
-    held = executions_of_run(run.tags)
+def reconcile_execution_run(
+    engine: sa.Engine,
+    run: dg.DagsterRun,
+    outcome: str,
+    reason: str,
+    retry_delay_seconds: Callable[[int], float] = lambda attempt: 0.0,
+) -> dict[str, int]:
+    """Record the outcome of every execution a Dagster run held when it ended without recording one,
+    and close each one's attempt; returns how many rows got which new status."""
     reason = redact_urls(reason)  # a run's failure message may quote a webhook URL
-    owners = [run_owner(run.run_id), run.tags.get(TAG_CLAIMED_BY, "")]
-    settings = Settings.from_env()
-    statuses: Counter[str] = Counter()
-    with engine.begin() as conn:
-        for execution_id, attempt in sorted(held.items()):
-            if outcome == CANCELLED:
-                done = finish(conn, EXECUTIONS, execution_id, owners, CANCELLED, {"last_error": reason})
-                status = CANCELLED if done else None
-            else:
-                delay = retry_delay_seconds(settings, attempt)
-                status = retry_or_fail(conn, EXECUTIONS, execution_id, owners, reason, delay, run_id=run.run_id)
-            if status is not None:
-                end_attempt(conn, execution_id, attempt, attempt_outcome(status), reason)
-                statuses[status] += 1
-    return dict(statuses)
+
+    def end_its_attempt(conn: sa.Connection, execution_id: int, attempt: int, status: str) -> None:
+        end_attempt(conn, execution_id, attempt, attempt_outcome(status), reason)
+
+    return reconcile_run(
+        engine,
+        EXECUTIONS,
+        run,
+        executions_of_run(run.tags),
+        outcome,
+        reason,
+        retry_delay_seconds=retry_delay_seconds,
+        on_status=end_its_attempt,
+    )
 
 
 def _log_reconciled(context: dg.RunStatusSensorContext, statuses: Mapping[str, int]) -> None:
@@ -176,12 +166,15 @@ def _log_reconciled(context: dg.RunStatusSensorContext, statuses: Mapping[str, i
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Retries or fails each execution a failed marketing_execution_job run held without recording it.",
 )
-def execution_run_failure_sensor(context: dg.RunFailureSensorContext, app_db: AppDatabase) -> None:
+def execution_run_failure_sensor(
+    context: dg.RunFailureSensorContext, app_db: AppDatabase, execution_settings: ExecutionSettings
+) -> None:
     run = context.dagster_run
-    message = context.failure_event.message or "run failed"
-    _log_reconciled(
-        context, reconcile_execution_run(app_db.engine(), run, "FAILED", f"Dagster run {run.run_id} failed: {message}")
+    reason = f"Dagster run {run.run_id} failed: {context.failure_event.message or 'run failed'}"
+    statuses = reconcile_execution_run(
+        app_db.engine(), run, "FAILED", reason, retry_delay_seconds=execution_settings.retry_delay_seconds
     )
+    _log_reconciled(context, statuses)
 
 
 @dg.run_status_sensor(
@@ -193,6 +186,5 @@ def execution_run_failure_sensor(context: dg.RunFailureSensorContext, app_db: Ap
 )
 def execution_run_canceled_sensor(context: dg.RunStatusSensorContext, app_db: AppDatabase) -> None:
     run = context.dagster_run
-    _log_reconciled(
-        context, reconcile_execution_run(app_db.engine(), run, CANCELLED, f"Dagster run {run.run_id} was canceled")
-    )
+    reason = f"Dagster run {run.run_id} was canceled"
+    _log_reconciled(context, reconcile_execution_run(app_db.engine(), run, CANCELLED, reason))

@@ -20,37 +20,48 @@ from marketing_pipelines.measurement.checks import (
     NO_UNFLAGGED_NEGATIVE_DELTA,
     ROLLUP_CHECK_SPECS,
     ROLLUP_KEY,
+    SITE_CHECK_SPECS,
+    SITE_COUNTS_CONSISTENT,
     SITE_KEY,
     UNIQUE_ACTORS_WITHIN_RAW_COUNT,
     check_first_party_count,
     check_no_unflagged_negative_delta,
+    check_site_counts,
     check_unique_actors_within_raw_count,
 )
-from marketing_pipelines.measurement.frames import funnel_markdown
+from marketing_pipelines.measurement.funnel import funnel_markdown
 from marketing_pipelines.measurement.importers.base import Importer
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
-from marketing_pipelines.measurement.imports import (
+from marketing_pipelines.measurement.importers_db import (
     campaign_repos,
     import_repo_day,
     replace_site_analytics_day,
 )
 from marketing_pipelines.measurement.rollup import replace_rollup_days
-from marketing_pipelines.settings import Settings
+from marketing_pipelines.settings import current_settings
 
 GROUP = "measurement"
 OWNERS = ["team:marketing-data"]
-# GitHub: a RateLimited wait longer than its RetryPolicy.max_wait_s frees the worker; Dagster re-runs the step later.
+# GitHub: a RateLimited wait longer than its HttpRetry.max_wait_s frees the worker; Dagster re-runs the step later.
 RATE_LIMIT_RETRIES = 3
+# An import that failed transiently (5xx or transport errors that outlasted the HTTP client's own attempts, a dropped
+# database connection) re-runs the whole step, 30 s, 90 s and 210 s later (exponential), each +/- up to 30 s so
+# replicas that failed together do not retry together. A re-run rewrites rather than adds: every day is replaced in
+# its own transaction. Failures a retry cannot fix (credentials, a rejected query, Plausible's hourly limit) are
+# raised with allow_retries=False.
+IMPORT_RETRY_POLICY = dg.RetryPolicy(
+    max_retries=3, delay=30, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
+)
 # Days per backfill run (BackfillPolicy.multi_run), MARKETING_BACKFILL_DAYS_PER_RUN. A run costs seconds of Dagster
 # overhead whatever it holds, a day of the rollup a fraction of a second: benchmarks/backfill.py measured the choice.
-MAX_DAYS_PER_RUN = Settings.from_env().backfill_days_per_run
+MAX_DAYS_PER_RUN = current_settings().backfill_days_per_run
 ROLLUP_IO_MANAGER = "rollup_frames"
 # The tags of a run over a partition range, as a backfill run carries them (Dagster does not re-export the names).
 RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
 measurement_partitions = dg.DailyPartitionsDefinition(
-    start_date=Settings.from_env().measurement_start_date.isoformat(),
+    start_date=current_settings().measurement_start_date.isoformat(),
     timezone="UTC",
     # Today's partition exists so the late-events sensor can keep today's numbers current;
     # the daily schedule materializes the completed day (yesterday).
@@ -139,39 +150,52 @@ ROLLUP_SPEC = dg.AssetSpec(
 ).with_io_manager_key(ROLLUP_IO_MANAGER)
 
 
-@dg.multi_asset(
-    name="measurement_daily",
-    specs=[SITE_ANALYTICS_SPEC, RELEASE_DOWNLOADS_SPEC, ROLLUP_SPEC],
-    check_specs=[*DOWNLOAD_CHECK_SPECS, *ROLLUP_CHECK_SPECS],
-    partitions_def=measurement_partitions,
-    can_subset=True,
-    backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_DAYS_PER_RUN),
-)
-def measurement_daily(
-    context: dg.AssetExecutionContext, app_db: AppDatabase, plausible: PlausibleClient, github: GitHubReleasesClient
-) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
-    """The importers, then the rollup, for the run's days (one, or a backfill run's range).
+def build_measurement_daily(retry_policy: dg.RetryPolicy = IMPORT_RETRY_POLICY) -> dg.AssetsDefinition:
+    """The measurement multi-asset; tests pass a retry policy without delay, deployments keep the default."""
 
-    One step for the three assets, not three assets, because an asset that materializes nothing (an
-    importer that is not configured) makes Dagster skip every step downstream of it in the run
-    (dagster-io/dagster#9408), and the rollup must still run. Each asset is materialized once per
-    day with that day's metadata, and each day is replaced in its own transaction.
-    """
-    days = partition_days(context)
-    engine = app_db.ready_engine()
-    selected = context.selected_asset_keys
-    failures: list[str] = []
-    for key, importer in ((SITE_KEY, site_analytics), (DOWNLOADS_KEY, release_downloads)):
-        if key in selected:
-            try:
-                yield from importer(context, engine, plausible if key == SITE_KEY else github, days)
-            except dg.Failure as exc:
-                # The other importer still runs; the rollup waits for a run in which both imports succeed.
-                failures.append(f"{key.to_user_string()}: {exc.description}")
-    if failures:
-        raise dg.Failure(description="; ".join(failures))
-    if ROLLUP_KEY in selected:
-        yield from rollup(context, engine, days)
+    @dg.multi_asset(
+        name="measurement_daily",
+        specs=[SITE_ANALYTICS_SPEC, RELEASE_DOWNLOADS_SPEC, ROLLUP_SPEC],
+        check_specs=[*SITE_CHECK_SPECS, *DOWNLOAD_CHECK_SPECS, *ROLLUP_CHECK_SPECS],
+        partitions_def=measurement_partitions,
+        can_subset=True,
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_DAYS_PER_RUN),
+        retry_policy=retry_policy,
+    )
+    def measurement_daily(
+        context: dg.AssetExecutionContext, app_db: AppDatabase, plausible: PlausibleClient, github: GitHubReleasesClient
+    ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
+        """The importers, then the rollup, for the run's days (one, or a backfill run's range).
+
+        One step for the three assets, not three assets, because an asset that materializes nothing (an
+        importer that is not configured) makes Dagster skip every step downstream of it in the run
+        (dagster-io/dagster#9408), and the rollup must still run. Each asset is materialized once per
+        day with that day's metadata, and each day is replaced in its own transaction.
+        """
+        days = partition_days(context)
+        engine = app_db.ready_engine()
+        selected = context.selected_asset_keys
+        failures: list[tuple[dg.AssetKey, dg.Failure]] = []
+        for key, importer in ((SITE_KEY, site_analytics), (DOWNLOADS_KEY, release_downloads)):
+            if key in selected:
+                try:
+                    yield from importer(context, engine, plausible if key == SITE_KEY else github, days)
+                except dg.Failure as exc:
+                    # The other importer still runs; the rollup waits for a run in which both imports succeed.
+                    failures.append((key, exc))
+        if failures:
+            raise dg.Failure(
+                description="; ".join(f"{k.to_user_string()}: {failure.description}" for k, failure in failures),
+                # A step retry re-runs both importers: worth it only if every failure may pass.
+                allow_retries=all(failure.allow_retries for _, failure in failures),
+            )
+        if ROLLUP_KEY in selected:
+            yield from rollup(context, engine, days)
+
+    return measurement_daily
+
+
+measurement_daily = build_measurement_daily()
 
 
 def _selected(context: dg.AssetExecutionContext, asset: dg.AssetKey, check_name: str) -> bool:
@@ -181,7 +205,7 @@ def _selected(context: dg.AssetExecutionContext, asset: dg.AssetKey, check_name:
 
 def site_analytics(
     context: dg.AssetExecutionContext, engine: sa.Engine, plausible: PlausibleClient, days: Sequence[date]
-) -> Iterator[dg.AssetMaterialization]:
+) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
     if not plausible.is_configured():
         _not_configured(context, plausible, days)
         return
@@ -190,7 +214,7 @@ def site_analytics(
     try:
         by_day = plausible.campaign_stats(days[0], days[-1])
     except ServiceError as exc:
-        raise dg.Failure(description=str(exc)) from exc
+        raise dg.Failure(description=str(exc), allow_retries=exc.transient) from exc
     unmapped: set[str] = set()
     for day in days:
         summary = replace_site_analytics_day(engine, day, by_day[day])
@@ -216,6 +240,9 @@ def site_analytics(
             f"utm_campaign values with no campaign (set campaign.utm_campaign to count them): "
             f"{', '.join(sorted(unmapped)[:20])}"
         )
+    if _selected(context, SITE_KEY, SITE_COUNTS_CONSISTENT):
+        with engine.connect() as conn:
+            yield check_site_counts(conn, days)
 
 
 def release_downloads(
@@ -236,11 +263,13 @@ def release_downloads(
                 # and the days already imported are simply imported again.
                 raise dg.RetryRequested(max_retries=RATE_LIMIT_RETRIES, seconds_to_wait=exc.retry_after_s) from exc
             except ServiceError as exc:
-                errors.append(f"{repo}: {exc}")
+                errors.append((repo, exc))
         if errors:
             # The repos and days that worked are stored; re-running redoes all of them idempotently.
             raise dg.Failure(
-                description=f"{day}: {len(errors)} of {len(repos)} repositories failed: " + "; ".join(errors)
+                description=f"{day}: {len(errors)} of {len(repos)} repositories failed: "
+                + "; ".join(f"{repo}: {exc}" for repo, exc in errors),
+                allow_retries=all(exc.transient for _, exc in errors),
             )
         missing = [r.repo for r in results if r.snapshot == "missing"]
         if missing:

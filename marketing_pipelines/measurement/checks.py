@@ -13,7 +13,7 @@ from datetime import date
 import dagster as dg
 import sqlalchemy as sa
 
-from marketing_pipelines.db.schema import github_release_download_daily, measurement_daily_rollup
+from marketing_pipelines.db.schema import github_release_download_daily, measurement_daily_rollup, site_analytics_daily
 from marketing_pipelines.measurement.rollup import events_per_day, rollup_first_party_per_day
 
 ROLLUP_KEY = dg.AssetKey("measurement_daily_rollup")
@@ -23,6 +23,7 @@ DOWNLOADS_KEY = dg.AssetKey("github_release_downloads_daily")
 FIRST_PARTY_COUNT_MATCHES = "first_party_count_matches_events"
 UNIQUE_ACTORS_WITHIN_RAW_COUNT = "unique_actors_within_raw_count"
 NO_UNFLAGGED_NEGATIVE_DELTA = "no_unflagged_negative_download_delta"
+SITE_COUNTS_CONSISTENT = "site_counts_consistent"
 
 ROLLUP_CHECK_SPECS = [
     dg.AssetCheckSpec(
@@ -41,6 +42,17 @@ DOWNLOAD_CHECK_SPECS = [
         NO_UNFLAGGED_NEGATIVE_DELTA,
         asset=DOWNLOADS_KEY,
         description="Every negative raw delta of the day is clamped to 0 and flagged negative_clamped.",
+    )
+]
+SITE_CHECK_SPECS = [
+    dg.AssetCheckSpec(
+        SITE_COUNTS_CONSISTENT,
+        asset=SITE_KEY,
+        description=(
+            "No row of the day has a negative visitors or pageviews count (severity ERROR: the rollup sums pageviews) "
+            "or more visitors than pageviews (severity WARN: Plausible counts a visitor on a page for a custom event "
+            "there too, so a page can legitimately have visitors without pageviews)."
+        ),
     )
 ]
 
@@ -113,5 +125,36 @@ def check_no_unflagged_negative_delta(conn: sa.Connection, days: Sequence[date])
             "unflagged_negative": dg.MetadataValue.int(sum(n for _, n in bad)),
             "flagged_negative": dg.MetadataValue.int(flagged),
             **_days_metadata([d for d, _ in bad]),
+        },
+    )
+
+
+def check_site_counts(conn: sa.Connection, days: Sequence[date]) -> dg.AssetCheckResult:
+    """Per day of ``days``: no negative counts (ERROR) and no page with more visitors than pageviews (WARN)."""
+    s = site_analytics_daily
+    negative = sa.or_(s.c.visitors < 0, s.c.pageviews < 0)
+    # A row counts once, as its worse problem.
+    more_visitors = sa.and_(s.c.visitors > s.c.pageviews, sa.not_(negative))
+    bad = conn.execute(
+        sa.select(
+            s.c.day,
+            sa.func.sum(sa.case((negative, 1), else_=0)),
+            sa.func.sum(sa.case((more_visitors, 1), else_=0)),
+        )
+        .where(s.c.day.in_(list(days)), sa.or_(negative, more_visitors))
+        .group_by(s.c.day)
+        .order_by(s.c.day)
+    ).all()
+    negative_rows = sum(int(n) for _, n, _ in bad)
+    return dg.AssetCheckResult(
+        check_name=SITE_COUNTS_CONSISTENT,
+        asset_key=SITE_KEY,
+        passed=not bad,
+        # A negative count cannot come from Plausible and corrupts the rollup; more visitors than pageviews can.
+        severity=dg.AssetCheckSeverity.ERROR if negative_rows else dg.AssetCheckSeverity.WARN,
+        metadata={
+            "negative_count_rows": dg.MetadataValue.int(negative_rows),
+            "visitors_over_pageviews_rows": dg.MetadataValue.int(sum(int(n) for _, _, n in bad)),
+            **_days_metadata([d for d, _, _ in bad]),
         },
     )

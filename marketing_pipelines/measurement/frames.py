@@ -1,8 +1,7 @@
-"""The measurement rollup as pandas DataFrames for analysts, its day's funnel as Markdown, and an IO manager.
+"""The measurement rollup and report as pandas DataFrames for analysts, and an IO manager that loads them.
 
 ``rollup_frame`` reads ``measurement_daily_rollup`` (never the sketch bytes), ``report_frames`` turns a
-``MeasurementReport`` into DataFrames, ``funnel_markdown`` writes one day's first-party funnel for
-materialization metadata, and ``RollupFrameIOManager`` makes ``defs.load_asset_value(...)`` and
+``MeasurementReport`` into DataFrames, and ``RollupFrameIOManager`` makes ``defs.load_asset_value(...)`` and
 downstream assets receive the rollup of their partitions as a DataFrame.
 
 Dtypes, the same for an empty frame: ``day`` is ``datetime64[ns]`` at midnight of the UTC day, without a
@@ -16,31 +15,24 @@ Unique actors over a range come from the report's merged sketches (``report_fram
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import pandas as pd
 import sqlalchemy as sa
+from pydantic import Field
 
 from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import measurement_daily_rollup
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.measurement import sketches
-from marketing_pipelines.measurement.report import (
-    Key,
-    KeyRange,
-    MeasurementReport,
-    Sketch,
-    _funnel,
-    _pct,
-    _unique,
-)
-from marketing_pipelines.measurement.rollup import FIRST_PARTY
+
+if TYPE_CHECKING:
+    # Only annotated: loading the DataFrames (as the IO manager does) need not load the report.
+    from marketing_pipelines.measurement.report import MeasurementReport
 
 DAY = "datetime64[ns]"
 INSTANT = "datetime64[ns, UTC]"
@@ -84,8 +76,6 @@ FUNNEL_DTYPES: dict[str, str] = {
     "from_previous": "float64",  # NaN: first step, or the previous step had no actors
     "from_first": "float64",
 }
-# funnel_markdown lists the largest campaigns of the day; metadata stays readable and small.
-MAX_FUNNEL_CAMPAIGNS = 50
 
 
 def typed_frame(rows: Sequence[Sequence[Any]], dtypes: dict[str, str]) -> pd.DataFrame:
@@ -188,97 +178,6 @@ def report_frames(report: MeasurementReport) -> ReportFrames:
     )
 
 
-# --- the day's funnel as Markdown ------------------------------------------------------------------------
-
-
-def first_party_events_by_campaign(conn: sa.Connection, day: date) -> dict[str, int]:
-    """First-party events per campaign on ``day``, from the rollup (no sketches read)."""
-    r = measurement_daily_rollup
-    query = (
-        sa.select(r.c.campaign_id, sa.func.sum(r.c.raw_count))
-        .where(r.c.day == day, r.c.source == FIRST_PARTY)
-        .group_by(r.c.campaign_id)
-    )
-    return {campaign_id: int(events) for campaign_id, events in conn.execute(query)}
-
-
-class FunnelRow(NamedTuple):
-    """One first-party rollup row of a day, as the funnel needs it."""
-
-    stage: str
-    event_type: str
-    raw_count: int
-    unique_actors: int | None
-    actors_hll: bytes | memoryview | None  # psycopg2 returns bytea as a memoryview
-
-
-def first_party_rows_by_campaign(
-    conn: sa.Connection, day: date, campaign_ids: Sequence[str]
-) -> dict[str, list[FunnelRow]]:
-    """These campaigns' first-party rollup rows of ``day``, with their sketches."""
-    r = measurement_daily_rollup
-    query = sa.select(r.c.campaign_id, r.c.stage, r.c.event_type, r.c.raw_count, r.c.unique_actors, r.c.actors_hll)
-    query = query.where(r.c.day == day, r.c.source == FIRST_PARTY, r.c.campaign_id.in_(list(campaign_ids)))
-    rows: dict[str, list[FunnelRow]] = defaultdict(list)
-    for campaign_id, *fields in conn.execute(query):
-        rows[campaign_id].append(FunnelRow(*fields))
-    return rows
-
-
-def funnel_markdown(conn: sa.Connection, day: date) -> str:
-    """The first-party funnel of every campaign on one UTC day, as a Markdown table for ``dg.MetadataValue.md``.
-
-    Computed from the day's rollup rows with the report's own funnel (``_funnel``: stage sizes, stages by
-    unique actors, largest first). A stage with several event types takes the union of their sketches,
-    marked ``~`` as an estimate. At most MAX_FUNNEL_CAMPAIGNS campaigns, those with the most events first;
-    the rest are counted in one closing line.
-    """
-    events = first_party_events_by_campaign(conn, day)
-    if not events:
-        return f"No first-party rollup rows on {day} (UTC)."
-    ranked = sorted(events, key=lambda cid: (-events[cid], cid))
-    shown, rest = ranked[:MAX_FUNNEL_CAMPAIGNS], ranked[MAX_FUNNEL_CAMPAIGNS:]
-    by_campaign = first_party_rows_by_campaign(conn, day, shown)
-
-    lines = [
-        f"**First-party funnel of {day} (UTC)**: {len(events)} campaigns, most events first; "
-        "`~` marks unique actors estimated from HLL sketches.",
-        "",
-        "| campaign | stage | events | unique actors | from previous stage |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for campaign_id in shown:
-        ranges: dict[Key, KeyRange] = {}
-        unions: dict[Key, Sketch | None] = {}
-        stages: dict[str, list[Key]] = defaultdict(list)
-        for row in by_campaign[campaign_id]:
-            key = (FIRST_PARTY, row.stage, row.event_type)
-            unknown = row.unique_actors is None
-            ranges[key] = KeyRange(raw_count=row.raw_count, days=1, last_unique=row.unique_actors, unknown=unknown)
-            unions[key] = None if unknown else sketches.merge([row.actors_hll])
-            stages[row.stage].append(key)
-        for step in _funnel(stages, ranges, unions, None):
-            cells = [
-                _md_cell(campaign_id),
-                _md_cell(step.stage),
-                str(step.raw_count),
-                _unique(step.unique_actors, step.unique_actors_exact),
-                _pct(step.from_previous),
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
-    if rest:
-        lines += ["", f"… and {len(rest)} more campaigns ({sum(events[cid] for cid in rest)} events)."]
-    return "\n".join(lines)
-
-
-_MARKDOWN_SPECIAL = str.maketrans({c: f"\\{c}" for c in "\\|`*_[]<>#~"})
-
-
-def _md_cell(text: str) -> str:
-    # Stage names come from event files: keep them from breaking the table or adding markup.
-    return " ".join(text.split()).translate(_MARKDOWN_SPECIAL)
-
-
 # --- the IO manager -------------------------------------------------------------------------------------
 
 
@@ -290,13 +189,13 @@ class RollupFrameIOManager(dg.ConfigurableIOManager):
     downstream asset with a range partition mapping or ``get_asset_value_loader().load_asset_value(...,
     partition_key_range=...)``, the whole table when no partition is given.
 
-    ``url`` works as ``AppDatabase.url`` does (and goes through it): left empty, it is resolved from
-    MARKETING_DATABASE_URL in the process that loads, so it is the database the assets write and no
-    password shows in run config. A plain field rather than a nested ``AppDatabase`` resource: Dagster
+    ``url`` is wired as ``AppDatabase.url`` is (``dg.EnvVar("MARKETING_DATABASE_URL")`` when set, so no
+    password shows in run config; empty: the embedded default), so it reads the database the assets
+    write. A plain field rather than a nested ``AppDatabase`` resource: Dagster
     1.13.27 warns (DeprecationWarning, InitResourceContext.dagster_run) on every run that builds a nested one.
     """
 
-    url: str | None = None
+    url: str | None = Field(None, description=AppDatabase.model_fields["url"].description)
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         if obj is not None:

@@ -11,8 +11,6 @@ from datetime import UTC, date, datetime, timedelta
 import dagster as dg
 import sqlalchemy as sa
 
-from marketing_pipelines.db.engine import DatabaseUnavailable
-from marketing_pipelines.db.migrate import SchemaNotReady
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.measurement.assets import measurement_partitions, measurement_rollup_job
 from marketing_pipelines.measurement.checks import ROLLUP_KEY
@@ -59,10 +57,9 @@ def build_late_events_sensor(
         ),
     )
     def late_events_sensor(context: dg.SensorEvaluationContext, app_db: AppDatabase) -> dg.SensorResult | dg.SkipReason:
-        try:
-            engine = app_db.ready_engine()
-        except (SchemaNotReady, DatabaseUnavailable) as exc:
-            return dg.SkipReason(str(exc))
+        engine = app_db.ready_engine_or_skip()
+        if isinstance(engine, dg.SkipReason):
+            return engine
         now = datetime.now(UTC)
         until = now - timedelta(seconds=settle_seconds)
         if context.cursor is None:

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.queue import request_agent_run, transcript
+from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines_tests.factories import add_campaign
@@ -200,9 +201,13 @@ def request_openai_runs(engine: sa.Engine, n: int, max_run_seconds: int = 120) -
     return ids
 
 
-def sensor_agent_requests(instance: dg.DagsterInstance, app_url: str) -> list[dg.RunRequest]:
+def sensor_agent_requests(
+    instance: dg.DagsterInstance, app_url: str, settings: AgentSettings | None = None
+) -> list[dg.RunRequest]:
     """One queued_agent_runs_sensor evaluation; the agent-run RunRequests it returned."""
-    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=app_url)})
+    context = dg.build_sensor_context(
+        instance=instance, resources={"app_db": AppDatabase(url=app_url), "agent_settings": settings or AgentSettings()}
+    )
     result = queued_agent_runs_sensor(context)
     if isinstance(result, dg.SkipReason):
         return []
@@ -238,10 +243,13 @@ def execute_run_request(run_config: Mapping[str, Any], tags: Mapping[str, str], 
         return result.success
 
 
-def start_run_worker(request: dg.RunRequest, env: Mapping[str, str]) -> Any:
+def start_run_worker(request: dg.RunRequest, env: Mapping[str, str], resources: Mapping[str, Any] | None = None) -> Any:
+    """A run-worker process for ``request``; ``resources`` is run config for its resources, as the
+    launchpad gives it (the process's settings were read when it imported the project, before ``env``)."""
+    run_config = {**request.run_config, **({"resources": dict(resources)} if resources else {})}
     process = SPAWN.Process(
         target=execute_run_request,
-        args=(dict(request.run_config), dict(request.tags), dict(env)),
+        args=(run_config, dict(request.tags), dict(env)),
         name=f"run-worker-{request.run_key}",
     )
     process.start()
@@ -363,11 +371,11 @@ def pool_trial(
     """Queue ``runs`` agent runs, claim them all in one sensor tick, cap the pool at ``limit``,
     then start one run-worker process per RunRequest at once and wait for all of them.
 
-    The sensor evaluates with MARKETING_MAX_CONCURRENT_AGENT_RUNS = ``runs`` (from ``env``) so it
-    hands out every run; lowering the pool afterwards leaves Dagster's pool as the only bound.
+    The sensor evaluates with a pool limit of ``runs`` so it hands out every run; lowering the pool
+    afterwards leaves Dagster's pool as the only bound.
     """
     agent_run_ids = request_openai_runs(app_engine, runs)
-    requests = sensor_agent_requests(instance, app_url)
+    requests = sensor_agent_requests(instance, app_url, AgentSettings(max_concurrent_agent_runs=runs))
     assert len(requests) == runs, f"the sensor claimed {len(requests)} of {runs} agent runs"
     instance.event_log_storage.set_concurrency_slots("agent_runs", limit)
     workers = [start_run_worker(r, env) for r in requests]

@@ -16,6 +16,7 @@ from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.providers import AnthropicModel, ModelProvider
 from marketing_pipelines.agents.queue import get_agent_run, request_agent_run, transcript
+from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, marketing_execution
@@ -53,8 +54,18 @@ def _request(engine: sa.Engine, **kw: Any) -> int:
         return request_agent_run(conn, **args)
 
 
+def _sensor_context(
+    db_url: str, instance: dg.DagsterInstance, cursor: str | None = None, **settings: Any
+) -> dg.SensorEvaluationContext:
+    return dg.build_sensor_context(
+        instance=instance,
+        cursor=cursor,
+        resources={"app_db": AppDatabase(url=db_url), "agent_settings": AgentSettings(**settings)},
+    )
+
+
 def _run_all(db_url: str, instance: dg.DagsterInstance, models: ModelGateway | None = None) -> list[Any]:
-    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
+    context = _sensor_context(db_url, instance)
     result = queued_agent_runs_sensor(context)
     requests = list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
     return [
@@ -62,7 +73,11 @@ def _run_all(db_url: str, instance: dg.DagsterInstance, models: ModelGateway | N
             run_config=r.run_config,
             tags=r.tags,
             instance=instance,
-            resources={"app_db": AppDatabase(url=db_url), "models": models or ModelGateway()},
+            resources={
+                "app_db": AppDatabase(url=db_url),
+                "models": models or ModelGateway(),
+                "agent_settings": AgentSettings(),
+            },
             raise_on_error=False,
         )
         for r in requests
@@ -91,7 +106,7 @@ def test_request_queues_and_never_runs_inline(people: sa.Engine) -> None:
 
 def test_sensor_claims_with_tags_and_runtime_limit(people: sa.Engine, db_url: str, instance: dg.DagsterInstance):
     run_id = _request(people, max_run_seconds=42)
-    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
+    context = _sensor_context(db_url, instance)
     result = queued_agent_runs_sensor(context)
     [request] = result.run_requests
     assert request.run_key == f"agent_run:{run_id}:1"
@@ -103,11 +118,10 @@ def test_sensor_claims_with_tags_and_runtime_limit(people: sa.Engine, db_url: st
 
 
 def test_sensor_claims_no_more_than_the_pool_can_start(
-    people: sa.Engine, db_url: str, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+    people: sa.Engine, db_url: str, instance: dg.DagsterInstance
 ) -> None:
-    monkeypatch.setenv("MARKETING_MAX_CONCURRENT_AGENT_RUNS", "2")
     ids = [_request(people) for _ in range(5)]
-    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
+    context = _sensor_context(db_url, instance, max_concurrent_agent_runs=2)
     first = queued_agent_runs_sensor(context)
     assert [r.tags["marketing/agent_run_id"] for r in first.run_requests] == [str(i) for i in ids[:2]]
     second = queued_agent_runs_sensor(context)
@@ -281,11 +295,10 @@ def test_anthropic_provider_drives_the_loop_with_tool_use(
 
 
 def test_a_pool_limit_edited_in_the_ui_stands_until_the_setting_changes(
-    people: sa.Engine, db_url: str, instance: dg.DagsterInstance, monkeypatch: pytest.MonkeyPatch
+    people: sa.Engine, db_url: str, instance: dg.DagsterInstance
 ) -> None:
-    monkeypatch.setenv("MARKETING_MAX_CONCURRENT_AGENT_RUNS", "2")
     ids = [_request(people) for _ in range(6)]
-    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
+    context = _sensor_context(db_url, instance, max_concurrent_agent_runs=2)
     storage = instance.event_log_storage
     assert isinstance(queued_agent_runs_sensor(context), dg.SensorResult)
     assert storage.get_concurrency_info("agent_runs").slot_count == 2  # the setting, applied once
@@ -296,6 +309,6 @@ def test_a_pool_limit_edited_in_the_ui_stands_until_the_setting_changes(
     # ... and the sensor claims by the limit in force: 5 - 2 RUNNING = 3 more.
     assert [r.tags["marketing/agent_run_id"] for r in second.run_requests] == [str(i) for i in ids[2:5]]
     # Changing the setting itself is a new decision: applied at the next tick.
-    monkeypatch.setenv("MARKETING_MAX_CONCURRENT_AGENT_RUNS", "3")
-    queued_agent_runs_sensor(context)
+    changed = _sensor_context(db_url, instance, cursor=context.cursor, max_concurrent_agent_runs=3)
+    queued_agent_runs_sensor(changed)
     assert storage.get_concurrency_info("agent_runs").slot_count == 3

@@ -30,6 +30,9 @@ from marketing_pipelines_tests.agents.agent_processes import (
 RUNS = 5
 LIMIT = 2
 
+# Real run-worker processes and daemons: left out of the quick loop (pytest -m "not slow").
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def dagster_storage_url(pg_url: str) -> Iterator[str]:
@@ -40,7 +43,7 @@ def dagster_storage_url(pg_url: str) -> Iterator[str]:
 
 
 def test_pool_limit_holds_for_agent_runs_launched_at_once(
-    pg_url: str, dagster_storage_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, dagster_storage_url: str, tmp_path: Path
 ) -> None:
     app_engine = get_engine(pg_url)
     seed_requester(app_engine)
@@ -48,9 +51,7 @@ def test_pool_limit_holds_for_agent_runs_launched_at_once(
         fake.release.set()
         home = write_dagster_home(tmp_path / "dagster_home", storage_url=dagster_storage_url)
         env = agent_env(fake, pg_url, home, MARKETING_MAX_CONCURRENT_AGENT_RUNS=str(RUNS))
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        with dg.DagsterInstance.get() as instance:
+        with dg.DagsterInstance.from_config(str(home)) as instance:
             assert type(instance.event_log_storage).__name__ == "PostgresEventLogStorage"
             # In-process executor: the run worker that claims the slot also runs the op, which
             # halves the processes started on a small CI machine; the slot claim is the same code.
@@ -142,7 +143,7 @@ def _runs_of(instance: dg.DagsterInstance, agent_run_id: int) -> list[dg.Dagster
 
 
 def test_run_monitoring_frees_the_slot_of_a_killed_run_worker(
-    pg_url: str, dagster_storage_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, dagster_storage_url: str, tmp_path: Path
 ) -> None:
     app_engine = get_engine(pg_url)
     seed_requester(app_engine)
@@ -161,10 +162,11 @@ def test_run_monitoring_frees_the_slot_of_a_killed_run_worker(
             MARKETING_SENSOR_INTERVAL_SECONDS="1",
             MARKETING_AGENT_LEASE_GRACE_SECONDS="30",
         )
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
         [agent_run_id] = request_openai_runs(app_engine, 1)
-        with dg.DagsterInstance.get() as instance, running_daemon(workspace, env, tmp_path / "daemon.log") as daemon:
+        with (
+            dg.DagsterInstance.from_config(str(home)) as instance,
+            running_daemon(workspace, env, tmp_path / "daemon.log") as daemon,
+        ):
             try:
                 # queued_agent_runs_sensor claims it, the run is launched and the agent waits on its second model call.
                 wait_until(lambda: fake.finals_requested() == 1, 90, "the launched agent run to reach the model")

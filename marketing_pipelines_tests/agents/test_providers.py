@@ -158,6 +158,25 @@ def test_every_provider_satisfies_the_protocol_and_is_named() -> None:
     assert tuple(provider.name for provider in providers) == PROVIDER_NAMES
 
 
+@pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)
+def test_calls_share_one_client_until_close(
+    factory: ProviderFactory, ok_payload: dict, env_var: str, bad_request: dict
+) -> None:
+    script = Script(*(httpx.Response(200, json=ok_payload) for _ in range(3)))
+    provider = factory(script)
+
+    complete_once(provider)
+    client = provider.http_client()
+    complete_once(provider)
+    assert provider.http_client() is client
+    provider.close()
+
+    assert client.is_closed
+    complete_once(provider)  # a closed provider builds a fresh client rather than failing
+    assert provider.http_client() is not client
+    assert len(script.requests) == 3
+
+
 # --- Anthropic wire format ---------------------------------------------------------------------
 
 

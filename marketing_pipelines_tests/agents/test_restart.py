@@ -17,10 +17,11 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
-from marketing_pipelines.agents.jobs import run_owner
 from marketing_pipelines.agents.queue import AGENT_RUNS, get_agent_run
+from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.lease import LEASE_EXPIRED_ERROR, finish, retry_or_fail
+from marketing_pipelines.db.leased_runs import run_owner
 from marketing_pipelines_tests.agents.agent_processes import (
     FakeOpenAI,
     agent_env,
@@ -38,8 +39,14 @@ from marketing_pipelines_tests.agents.agent_processes import (
 
 # The smallest lease MARKETING_AGENT_LEASE_GRACE_SECONDS accepts; renewed every third of it.
 LEASE_S = 5
+SHORT_LEASE = AgentSettings(lease_grace_seconds=LEASE_S)
+# The same lease for the run workers, as run config of their agent_settings resource.
+SHORT_LEASE_RUN = {"agent_settings": {"config": {"lease_grace_seconds": LEASE_S}}}
 PARTIAL = ["task", "model_turn", "tool_call", "tool_result"]
 COMPLETE = [*PARTIAL, "model_turn"]
+
+# Real run-worker processes and daemons: left out of the quick loop (pytest -m "not slow").
+pytestmark = pytest.mark.slow
 
 
 @dataclass
@@ -52,15 +59,13 @@ class World:
 
 
 @pytest.fixture
-def world(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+def world(db_url: str, tmp_path: Path) -> Iterator[World]:
     engine = get_engine(db_url)
     seed_requester(engine)
     with FakeOpenAI(final_delay_s=0.2).running() as fake:
         home = write_dagster_home(tmp_path / "dagster_home")
-        env = agent_env(fake, db_url, home, MARKETING_AGENT_LEASE_GRACE_SECONDS=str(LEASE_S))
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
-        with dg.DagsterInstance.get() as instance:
+        env = agent_env(fake, db_url, home)
+        with dg.DagsterInstance.from_config(str(home)) as instance:
             yield World(engine, db_url, fake, env, instance)
 
 
@@ -77,10 +82,10 @@ def _attempt(kinds: list[tuple[int, str]], attempt: int) -> list[str]:
 
 def test_killed_agent_run_is_recovered_after_its_lease_and_finishes_exactly_once(world: World) -> None:
     [agent_run_id] = request_openai_runs(world.engine, 1)
-    [first] = sensor_agent_requests(world.instance, world.url)
+    [first] = sensor_agent_requests(world.instance, world.url, SHORT_LEASE)
     assert first.run_key == f"agent_run:{agent_run_id}:1"
 
-    worker = start_run_worker(first, world.env)
+    worker = start_run_worker(first, world.env, SHORT_LEASE_RUN)
     try:
         # Mid-run: the tool call is recorded and the worker waits on its second model call.
         wait_until(
@@ -103,12 +108,12 @@ def test_killed_agent_run_is_recovered_after_its_lease_and_finishes_exactly_once
     assert (killed["status"], killed["attempts"], killed["lease_owner"]) == ("RUNNING", 1, run_owner(first_run_id))
     # Until the lease runs out the row is left alone: from outside, a dead worker and a slow one look alike.
     while datetime.now(UTC) < killed["lease_expires_at"] - timedelta(seconds=0.5):
-        assert sensor_agent_requests(world.instance, world.url) == []
+        assert sensor_agent_requests(world.instance, world.url, SHORT_LEASE) == []
         row = _row(world.engine, agent_run_id)
         assert (row["status"], row["attempts"], row["lease_owner"]) == ("RUNNING", 1, run_owner(first_run_id))
         time.sleep(0.5)
     [second] = wait_until(
-        lambda: sensor_agent_requests(world.instance, world.url),
+        lambda: sensor_agent_requests(world.instance, world.url, SHORT_LEASE),
         timeout_s=LEASE_S + 10,
         what="queued_agent_runs_sensor to requeue and re-claim the expired agent run",
     )
@@ -118,7 +123,7 @@ def test_killed_agent_run_is_recovered_after_its_lease_and_finishes_exactly_once
     reclaimed = _row(world.engine, agent_run_id)
     assert (reclaimed["status"], reclaimed["attempts"], reclaimed["error"]) == ("RUNNING", 2, LEASE_EXPIRED_ERROR)
 
-    join_all([start_run_worker(second, world.env)], timeout_s=90)
+    join_all([start_run_worker(second, world.env, SHORT_LEASE_RUN)], timeout_s=90)
 
     done = _row(world.engine, agent_run_id)
     assert (done["status"], done["attempts"], done["output"]["text"]) == ("SUCCEEDED", 2, "Spring launch is on track.")
@@ -151,7 +156,7 @@ def _request_in_this_process(env: dict[str, str]) -> int:
 def _claim_in_this_process(env: dict[str, str]) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
     os.environ.update(env)
     with dg.DagsterInstance.get() as instance:
-        requests = sensor_agent_requests(instance, env["MARKETING_DATABASE_URL"])
+        requests = sensor_agent_requests(instance, env["MARKETING_DATABASE_URL"], SHORT_LEASE)
     return [(r.run_key, dict(r.run_config), dict(r.tags)) for r in requests]
 
 
@@ -165,7 +170,7 @@ def test_queued_request_survives_a_restart_and_is_claimed_afterwards(world: Worl
     assert run_key == f"agent_run:{agent_run_id}:1"
     world.fake.release.set()
     request = dg.RunRequest(run_key=run_key, run_config=run_config, tags=tags)
-    join_all([start_run_worker(request, world.env)], timeout_s=90)
+    join_all([start_run_worker(request, world.env, SHORT_LEASE_RUN)], timeout_s=90)
 
     done = _row(world.engine, agent_run_id)
     assert (done["status"], done["attempts"]) == ("SUCCEEDED", 1)

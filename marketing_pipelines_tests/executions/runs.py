@@ -4,16 +4,31 @@ from __future__ import annotations
 
 import dagster as dg
 
+from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
+from marketing_pipelines.executions.resources import ExecutionSettings
 
 LOCAL = ["127.0.0.1/32"]  # the test receivers' address, allowed as an operator would allow it
 
 
-def sensor_requests(sensor: dg.SensorDefinition, db_url: str, instance: dg.DagsterInstance) -> list[dg.RunRequest]:
+def sensor_requests(
+    sensor: dg.SensorDefinition,
+    db_url: str,
+    instance: dg.DagsterInstance,
+    settings: ExecutionSettings | None = None,
+) -> list[dg.RunRequest]:
     """One evaluation of ``sensor``; the run requests it returned (none when it skipped)."""
-    context = dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)})
+    context = dg.build_sensor_context(
+        instance=instance,
+        # Both domains' settings, so one helper evaluates either claiming sensor.
+        resources={
+            "app_db": AppDatabase(url=db_url),
+            "execution_settings": settings or ExecutionSettings(),
+            "agent_settings": AgentSettings(),
+        },
+    )
     result = sensor(context)
     return list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
 
@@ -24,6 +39,7 @@ def perform(
     instance: dg.DagsterInstance,
     webhook: WebhookClient | None = None,
     app_db: AppDatabase | None = None,
+    settings: ExecutionSettings | None = None,
 ) -> dg.ExecuteInProcessResult:
     """Run one requested marketing_execution_job on ``instance``, as a launched run would."""
     return marketing_execution_job.execute_in_process(
@@ -33,6 +49,7 @@ def perform(
         resources={
             "app_db": app_db or AppDatabase(url=db_url),
             "webhook": webhook or WebhookClient(timeout_s=5, allow_networks=LOCAL),
+            "execution_settings": settings or ExecutionSettings(),
         },
         raise_on_error=False,
     )

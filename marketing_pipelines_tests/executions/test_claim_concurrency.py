@@ -7,7 +7,6 @@ under the same race; that proves the harness can see a double claim at all.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import time
 from collections import Counter
 from typing import Any
@@ -25,16 +24,18 @@ PER_RUN = 10  # a tick of 25 makes runs of 10, 10 and 5
 
 def _sensor_worker(db_url: str, start: Any, out: Any) -> None:
     """Evaluate due_executions_sensor in a loop until it finds nothing; report the execution ids."""
-    os.environ["MARKETING_DATABASE_URL"] = db_url
-    os.environ["MARKETING_SENSOR_BATCH_SIZE"] = str(BATCH)
-    os.environ["MARKETING_EXECUTIONS_PER_RUN"] = str(PER_RUN)
     import dagster as dg
 
     from marketing_pipelines.db.resources import AppDatabase
+    from marketing_pipelines.executions.resources import ExecutionSettings
     from marketing_pipelines.executions.sensors import due_executions_sensor, executions_of_run
 
     context = dg.build_sensor_context(
-        instance=dg.DagsterInstance.ephemeral(), resources={"app_db": AppDatabase(url=db_url)}
+        instance=dg.DagsterInstance.ephemeral(),
+        resources={
+            "app_db": AppDatabase(url=db_url),
+            "execution_settings": ExecutionSettings(batch_size=BATCH, executions_per_run=PER_RUN),
+        },
     )
     claimed: list[int] = []
     empty_ticks = 0

@@ -16,9 +16,11 @@ import sqlalchemy as sa
 
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import marketing_execution as t
+from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
+from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.sensors import (
     due_executions_sensor,
     execution_run_canceled_sensor,
@@ -37,8 +39,7 @@ def instance() -> Iterator[dg.DagsterInstance]:
 
 
 @pytest.fixture
-def hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorder]:
-    monkeypatch.setenv("MARKETING_WEBHOOK_ALLOW_NETWORKS", ",".join(LOCAL))
+def hook() -> Iterator[Recorder]:
     with webhook_server() as recorder:
         yield recorder
 
@@ -55,13 +56,17 @@ def _schedule(engine: sa.Engine, url: str, max_attempts: int = 3, n: int = 1) ->
                 due_at=datetime.now(UTC) - timedelta(seconds=n - i),
                 payload={"url": f"{url}/{i}", "body": {"text": "we launched", "n": i}},
                 max_attempts=max_attempts,
+                egress=EgressPolicy(parse_networks(LOCAL)),
             )
             for i in range(n)
         ]
 
 
-def _tick(db_url: str, instance: dg.DagsterInstance) -> list[dg.RunRequest]:
-    return sensor_requests(due_executions_sensor, db_url, instance)
+def _tick(db_url: str, instance: dg.DagsterInstance, settings: ExecutionSettings | None = None) -> list[dg.RunRequest]:
+    return sensor_requests(due_executions_sensor, db_url, instance, settings)
+
+
+BACKING_OFF = ExecutionSettings(retry_backoff_seconds=600)
 
 
 def _row(engine: sa.Engine, execution_id: int) -> sa.RowMapping:
@@ -101,11 +106,10 @@ def test_webhook_succeeds_once_with_idempotency_key(
 
 
 def test_sensor_groups_a_tick_into_runs_of_executions_per_run(
-    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder, monkeypatch: pytest.MonkeyPatch
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
 ) -> None:
-    monkeypatch.setenv("MARKETING_EXECUTIONS_PER_RUN", "4")
     ids = _schedule(engine, hook.url, n=10)
-    requests = _tick(db_url, instance)
+    requests = _tick(db_url, instance, ExecutionSettings(executions_per_run=4))
     # Due order is kept: the longest-waiting executions go first, in runs of at most 4.
     assert [sorted(executions_of_run(r.tags)) for r in requests] == [ids[0:4], ids[4:8], ids[8:10]]
     assert [r.tags["marketing/executions"] for r in requests] == ["4", "4", "2"]
@@ -122,9 +126,8 @@ def test_sensor_groups_a_tick_into_runs_of_executions_per_run(
 
 
 def test_one_failing_webhook_costs_the_others_nothing(
-    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder, monkeypatch: pytest.MonkeyPatch
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
 ) -> None:
-    monkeypatch.setenv("MARKETING_RETRY_BACKOFF_SECONDS", "600")
     ids = _schedule(engine, hook.url, n=5)
     failing = ids[2]
 
@@ -133,7 +136,7 @@ def test_one_failing_webhook_costs_the_others_nothing(
 
     hook.status_for = status
     [request] = _tick(db_url, instance)
-    result = perform(request, db_url, instance)
+    result = perform(request, db_url, instance, settings=BACKING_OFF)
     # The run did its job: every outcome is recorded, the failure as that execution's own.
     assert result.success
     assert outcomes(result) == {i: ("RESCHEDULED" if i == failing else "SUCCEEDED") for i in ids}
@@ -152,13 +155,12 @@ def test_one_failing_webhook_costs_the_others_nothing(
 
 
 def test_http_500_reschedules_with_backoff_then_fails_at_max_attempts(
-    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder, monkeypatch: pytest.MonkeyPatch
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
 ) -> None:
-    monkeypatch.setenv("MARKETING_RETRY_BACKOFF_SECONDS", "600")
     hook.status = 500
     [execution_id] = _schedule(engine, hook.url, max_attempts=2)
     [request] = _tick(db_url, instance)
-    assert outcomes(perform(request, db_url, instance)) == {execution_id: "RESCHEDULED"}
+    assert outcomes(perform(request, db_url, instance, settings=BACKING_OFF)) == {execution_id: "RESCHEDULED"}
     row = _row(engine, execution_id)
     assert row["status"] == "SCHEDULED" and row["attempts"] == 1
     assert "HTTP 500" in row["last_error"]
@@ -168,7 +170,7 @@ def test_http_500_reschedules_with_backoff_then_fails_at_max_attempts(
     [retry] = _tick(db_url, instance)
     assert executions_of_run(retry.tags) == {execution_id: 2}
     assert retry.run_key != request.run_key
-    assert outcomes(perform(retry, db_url, instance)) == {execution_id: "FAILED"}
+    assert outcomes(perform(retry, db_url, instance, settings=BACKING_OFF)) == {execution_id: "FAILED"}
     assert _row(engine, execution_id)["status"] == "FAILED"
     # One effect, two deliveries: the same key, the attempt in its own header.
     assert _keys(hook) == [f"marketing-execution-{execution_id}"] * 2
@@ -179,9 +181,8 @@ def test_http_500_reschedules_with_backoff_then_fails_at_max_attempts(
 
 
 def test_run_that_lost_a_lease_mid_action_cannot_complete_that_execution(
-    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder, monkeypatch: pytest.MonkeyPatch
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
 ) -> None:
-    monkeypatch.setenv("MARKETING_WEBHOOK_CONCURRENCY", "1")
     ids = _schedule(engine, hook.url, n=3)
     stolen = ids[1]
 
@@ -193,7 +194,8 @@ def test_run_that_lost_a_lease_mid_action_cannot_complete_that_execution(
 
     hook.on_request = steal
     [request] = _tick(db_url, instance)
-    result = perform(request, db_url, instance)
+    one_at_a_time = WebhookClient(timeout_s=5, allow_networks=LOCAL, concurrency=1)
+    result = perform(request, db_url, instance, webhook=one_at_a_time)
     assert result.success
     assert outcomes(result) == {ids[0]: "SUCCEEDED", stolen: "LEASE_LOST", ids[2]: "SUCCEEDED"}
     row = _row(engine, stolen)
@@ -267,7 +269,7 @@ def _run_status_context(result: dg.ExecuteInProcessResult, instance: dg.DagsterI
         dagster_instance=instance,
         dagster_run=result.dagster_run,
         dagster_event=event,
-        resources={"app_db": AppDatabase(url=db_url)},
+        resources={"app_db": AppDatabase(url=db_url), "execution_settings": ExecutionSettings()},
     )
 
 

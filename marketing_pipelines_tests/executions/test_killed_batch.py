@@ -21,12 +21,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dagster as dg
+import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
+from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.sensors import due_executions_sensor, executions_of_run
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
@@ -37,13 +40,10 @@ N = 5
 HELD = "/hook/2"  # the third execution's webhook: the run is killed while it is in flight
 
 
+SHORT_LEASE = ExecutionSettings(lease_seconds=LEASE_SECONDS)
+
+
 def _worker(db_url: str, run_config: dict[str, Any], tags: dict[str, str]) -> None:
-    os.environ.update(
-        MARKETING_DATABASE_URL=db_url,
-        MARKETING_EXECUTION_LEASE_SECONDS=str(LEASE_SECONDS),
-        MARKETING_WEBHOOK_CONCURRENCY="1",
-        MARKETING_WEBHOOK_ALLOW_NETWORKS="127.0.0.1/32",
-    )
     with dg.DagsterInstance.ephemeral() as instance:
         marketing_execution_job.execute_in_process(
             run_config=run_config,
@@ -51,20 +51,18 @@ def _worker(db_url: str, run_config: dict[str, Any], tags: dict[str, str]) -> No
             instance=instance,
             resources={
                 "app_db": AppDatabase(url=db_url),
-                "webhook": WebhookClient(timeout_s=60, allow_networks=LOCAL),
+                "webhook": WebhookClient(timeout_s=60, allow_networks=LOCAL, concurrency=1),
+                "execution_settings": SHORT_LEASE,
             },
         )
 
 
 def _tick(db_url: str) -> list[dg.RunRequest]:
-    return sensor_requests(due_executions_sensor, db_url, dg.DagsterInstance.ephemeral())
+    return sensor_requests(due_executions_sensor, db_url, dg.DagsterInstance.ephemeral(), SHORT_LEASE)
 
 
-def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(
-    db_url: str, engine: sa.Engine, monkeypatch: Any
-) -> None:
-    monkeypatch.setenv("MARKETING_EXECUTION_LEASE_SECONDS", str(LEASE_SECONDS))
-    monkeypatch.setenv("MARKETING_WEBHOOK_ALLOW_NETWORKS", "127.0.0.1/32")
+@pytest.mark.slow  # a killed worker process and a lease run out
+def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(db_url: str, engine: sa.Engine) -> None:
     add_campaign(engine)
     arrived, release = threading.Event(), threading.Event()
 
@@ -84,6 +82,7 @@ def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(
                     action="webhook",
                     due_at=datetime.now(UTC) - timedelta(seconds=N - i),
                     payload={"url": f"{hook.url}/{i}", "body": {"n": i}},
+                    egress=EgressPolicy(parse_networks(LOCAL)),
                 )
                 for i in range(N)
             ]
@@ -116,7 +115,7 @@ def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(
         [retry] = _tick(db_url)
         assert executions_of_run(retry.tags) == {i: 2 for i in ids[2:]}
         with dg.DagsterInstance.ephemeral() as instance:
-            result = perform(retry, db_url, instance)
+            result = perform(retry, db_url, instance, settings=SHORT_LEASE)
         assert result.success
 
     assert statuses() == ["SUCCEEDED"] * N

@@ -25,9 +25,9 @@ from click.testing import CliRunner
 
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.schema import marketing_execution
+from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import ActionContext, ActionFailed, WebhookAction, WebhookClient
-from marketing_pipelines.executions.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.queue import get_execution, schedule_execution
 from marketing_pipelines.executions.sensors import due_executions_sensor
 from marketing_pipelines.redact import redact_url, redact_urls

@@ -1,14 +1,18 @@
 """docs/ANALYSTS.md runs as written: its sql, python and CLI blocks against a seeded database, on both databases.
 
-Python blocks read MARKETING_DATABASE_URL as an analyst's would; the ``db_url`` fixture points it at the
-seeded test database. Blocks marked ``# needs: definitions`` load ``marketing_pipelines.definitions``.
+Python blocks run in a new interpreter whose MARKETING_DATABASE_URL points at the seeded test database, as
+an analyst's notebook would have it. Blocks marked ``# needs: definitions`` load
+``marketing_pipelines.definitions``.
 """
 
 import csv
 import io
+import os
+import pickle
 import re
 import shlex
-import traceback
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,26 +92,26 @@ def test_sql_block(seeded: sa.Engine, sql: str) -> None:
 
 
 @pytest.mark.parametrize("source", PYTHON_PLAIN, ids=block_id)
-def test_python_block(seeded: sa.Engine, source: str) -> None:
-    namespace = run(source, {})
+def test_python_block(seeded: sa.Engine, db_url: str, tmp_path: Path, source: str) -> None:
+    namespace = run(source, db_url, tmp_path)
     check_results(namespace)
 
 
 @pytest.mark.parametrize("source", PYTHON_DEFINITIONS, ids=block_id)
-def test_python_block_with_the_real_definitions(seeded: sa.Engine, source: str) -> None:
+def test_python_block_with_the_real_definitions(seeded: sa.Engine, db_url: str, tmp_path: Path, source: str) -> None:
     # The code location's own defs: measurement_daily_rollup is loaded through RollupFrameIOManager.
     assert DEFINITIONS_IMPORT in source
-    frame = run(source, {})["rollup"]
+    frame = run(source, db_url, tmp_path)["rollup"]
     days = sorted({d.date() for d in frame["day"]})
     assert days, "the block loaded no rows"
     pd.testing.assert_frame_equal(frame, rollup_frame(seeded, start=days[0], end=days[-1]))
 
 
 @pytest.mark.parametrize("command", CLI)
-def test_cli_line(seeded: sa.Engine, command: str) -> None:
+def test_cli_line(seeded: sa.Engine, db_url: str, command: str) -> None:
     args = shlex.split(command)
     args = args[1 : args.index(">")] if ">" in args else args[1:]
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    result = CliRunner(env={"MARKETING_DATABASE_URL": db_url}).invoke(main, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     if "csv" in args:
         rows = list(csv.DictReader(io.StringIO(result.output)))
@@ -116,14 +120,35 @@ def test_cli_line(seeded: sa.Engine, command: str) -> None:
         assert sum(int(r["raw_count"]) for r in rows if r["section"] == "daily") == daily["raw_count"].sum()
 
 
-def run(source: str, namespace: dict[str, Any]) -> dict[str, Any]:
-    try:
-        exec(compile(source, "<docs/ANALYSTS.md block>", "exec"), namespace)
-    except Exception:
-        # pytrace=False: the block and its plain traceback say it all, and pytest's own rendering of a deep
-        # Dagster traceback can crash CPython 3.11.7's parser (INTERNALERROR "AST constructor recursion depth").
-        pytest.fail(f"this docs/ANALYSTS.md block fails:\n{source}\n{traceback.format_exc()}", pytrace=False)
-    return namespace
+# Runs in the new interpreter: execs the block, then keeps the tables it left behind for the checks.
+RUNNER = """
+import pickle, sys
+import pandas as pd
+from marketing_pipelines.measurement.frames import ReportFrames
+source, out = sys.stdin.read(), sys.argv[1]
+namespace = {}
+exec(compile(source, "<docs/ANALYSTS.md block>", "exec"), namespace)
+kept = {k: v for k, v in namespace.items() if isinstance(v, pd.DataFrame | pd.Series | ReportFrames)}
+with open(out, "wb") as f:
+    pickle.dump(kept, f)
+"""
+
+
+def run(source: str, db_url: str, tmp_path: Path) -> dict[str, Any]:
+    out = tmp_path / "namespace.pickle"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MARKETING_")}
+    done = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(out)],
+        input=source,
+        env={**env, "MARKETING_DATABASE_URL": db_url},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if done.returncode != 0:
+        # pytrace=False: the block and its plain traceback say it all.
+        pytest.fail(f"this docs/ANALYSTS.md block fails:\n{source}\n{done.stderr[-4000:]}", pytrace=False)
+    return pickle.loads(out.read_bytes())
 
 
 def check_results(namespace: dict[str, Any]) -> None:

@@ -10,21 +10,30 @@ import dagster as dg
 import httpx
 import sqlalchemy as sa
 
+from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import (
     github_release_asset_snapshot,
     github_release_download_daily,
     measurement_daily_rollup,
     site_analytics_daily,
 )
+from marketing_pipelines.measurement.assets import (
+    IMPORT_RETRY_POLICY,
+    ROLLUP_IO_MANAGER,
+    build_measurement_daily,
+    measurement_daily,
+)
 from marketing_pipelines.measurement.checks import (
     DOWNLOADS_KEY,
     ROLLUP_KEY,
+    SITE_COUNTS_CONSISTENT,
     SITE_KEY,
     check_no_unflagged_negative_delta,
 )
+from marketing_pipelines.measurement.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
-from marketing_pipelines.measurement.imports import import_repo_day
+from marketing_pipelines.measurement.importers_db import import_repo_day
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.runs import materialize_measurement
 from marketing_pipelines_tests.measurement.test_importers import github_asset, github_release
@@ -53,6 +62,9 @@ def mocked_plausible(api: Api) -> PlausibleClient:
     class MockedPlausible(PlausibleClient):
         def _client(self) -> httpx.Client:
             return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, transport=api.transport())
+
+        def _sleep(self, seconds: float) -> None:
+            pass
 
     return MockedPlausible(api_key="key", site_id="example.com")
 
@@ -244,3 +256,154 @@ def test_a_moved_repository_still_imports_and_the_asset_says_where_it_went(engin
     meta = metadata(result, "github_release_downloads_daily")
     assert meta["status"] == "imported" and meta["rows"] == 1
     assert meta["moved_repos"] == {REPO: moved}
+
+
+def plausible_days(request: httpx.Request, rows: dict[date, list[tuple[str, str, int, int]]]) -> httpx.Response:
+    """The rows of the asked range's days."""
+    first, last = (date.fromisoformat(d) for d in json.loads(request.content)["date_range"])
+    results = [
+        {"dimensions": [day.isoformat(), c, p], "metrics": [v, pv]}
+        for day, day_rows in rows.items()
+        if first <= day <= last
+        for c, p, v, pv in day_rows
+    ]
+    return httpx.Response(200, json={"results": results, "meta": {}, "query": {}})
+
+
+def run_measurement(
+    asset: dg.AssetsDefinition,
+    selection: dg.AssetSelection,
+    db_url: str,
+    day: date,
+    plausible: PlausibleClient,
+    github: GitHubReleasesClient | None = None,
+) -> dg.ExecuteInProcessResult:
+    return dg.materialize(
+        [asset],
+        selection=selection,
+        partition_key=day.isoformat(),
+        instance=dg.DagsterInstance.ephemeral(),
+        resources={
+            "app_db": AppDatabase(url=db_url),
+            "plausible": plausible,
+            "github": github or GitHubReleasesClient(),
+            ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
+        },
+        raise_on_error=False,
+    )
+
+
+def site_check(result: dg.ExecuteInProcessResult) -> dg.AssetCheckEvaluation:
+    [evaluation] = [e for e in result.get_asset_check_evaluations() if e.check_name == SITE_COUNTS_CONSISTENT]
+    return evaluation
+
+
+def test_site_counts_check_passes_on_good_days_and_names_the_bad_day(engine: sa.Engine, db_url: str) -> None:
+    add_campaign(engine, "alpha", utm_campaign="alpha26")
+    good, odd, broken = date(2026, 11, 24), date(2026, 11, 25), date(2026, 11, 26)
+    days = [good, odd, broken]
+    rows = {
+        good: [("alpha26", "/", 30, 41), ("alpha26", "/pricing", 0, 0)],
+        # A custom event on a page can count a visitor there without a pageview: odd, not impossible.
+        odd: [("alpha26", "/", 30, 41), ("alpha26", "/signup", 3, 0)],
+        # A negative count can come from no Plausible answer and would lower the rollup's sum.
+        broken: [("alpha26", "/", 5, -2)],
+    }
+    api = Api(lambda request: plausible_days(request, rows))
+    ranged = materialize_measurement([SITE_KEY], db_url, days, plausible=mocked_plausible(api))
+    assert ranged.success
+    check = site_check(ranged)
+    assert not check.passed
+    assert check.severity == dg.AssetCheckSeverity.ERROR
+    assert {k: v.value for k, v in check.metadata.items()} == {
+        "negative_count_rows": 1,
+        "visitors_over_pageviews_rows": 1,
+        "failing_days": 2,
+        "first_failing_days": f"{odd.isoformat()}, {broken.isoformat()}",
+    }
+
+    rows[broken] = [("alpha26", "/", 5, 7)]
+    only_odd = site_check(materialize_measurement([SITE_KEY], db_url, days, plausible=mocked_plausible(api)))
+    assert (only_odd.passed, only_odd.severity) == (False, dg.AssetCheckSeverity.WARN)
+    assert only_odd.metadata["first_failing_days"].value == odd.isoformat()
+
+    passing = site_check(materialize_measurement([SITE_KEY], db_url, [good], plausible=mocked_plausible(api)))
+    assert passing.passed and passing.metadata["failing_days"].value == 0
+
+
+def test_an_unselected_site_check_is_not_computed(engine: sa.Engine, db_url: str) -> None:
+    add_campaign(engine, "alpha", utm_campaign="alpha26")
+    day = date(2026, 11, 26)
+    api = Api(lambda request: plausible_rows(day, [("alpha26", "/", 5, -2)]))
+    result = run_measurement(
+        measurement_daily, dg.AssetSelection.assets(SITE_KEY).without_checks(), db_url, day, mocked_plausible(api)
+    )
+    assert result.success
+    assert [e.asset_key for e in result.get_asset_materialization_events()] == [SITE_KEY]
+    assert result.get_asset_check_evaluations() == []
+
+
+def test_the_measurement_step_retries_with_backoff_and_jitter() -> None:
+    policy = measurement_daily.op.retry_policy
+    assert policy == IMPORT_RETRY_POLICY
+    assert policy is not None and policy.max_retries == 3 and policy.delay and policy.delay >= 10
+    assert (policy.backoff, policy.jitter) == (dg.Backoff.EXPONENTIAL, dg.Jitter.PLUS_MINUS)
+
+
+def step_events(result: dg.ExecuteInProcessResult, event_type: dg.DagsterEventType) -> list[dg.DagsterEvent]:
+    return [e for e in result.all_events if e.event_type == event_type]
+
+
+def test_a_transient_plausible_failure_retries_the_step_which_rewrites_its_day(engine: sa.Engine, db_url: str) -> None:
+    add_campaign(engine, "alpha", utm_campaign="alpha26", github_repo=REPO)
+    day = datetime.now(UTC).date() - timedelta(days=1)
+    # 503 until the HTTP client's own attempts are spent (5), so only the step retry can get past it.
+    api = Api(
+        lambda request: httpx.Response(503) if len(api.requests) <= 5 else plausible_rows(day, [("alpha26", "/", 3, 4)])
+    )
+    github_api = Api(lambda request: releases({7: 1000}))
+    retry_at_once = build_measurement_daily(dg.RetryPolicy(max_retries=1))
+    result = run_measurement(
+        retry_at_once,
+        dg.AssetSelection.assets(SITE_KEY, DOWNLOADS_KEY, ROLLUP_KEY),
+        db_url,
+        day,
+        mocked_plausible(api),
+        mocked_github(github_api),
+    )
+    assert result.success
+    assert len(step_events(result, dg.DagsterEventType.STEP_UP_FOR_RETRY)) == 1
+    assert len(api.requests) == 6 and len(github_api.requests) == 2
+    # The first attempt stored the GitHub day before Plausible failed; the retry replaced it, adding nothing.
+    s, g, r = site_analytics_daily, github_release_download_daily, measurement_daily_rollup
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(s.c.utm_campaign, s.c.page, s.c.pageviews)).all() == [("alpha26", "/", 4)]
+        assert conn.execute(sa.select(g.c.asset_id, g.c.baseline).where(g.c.day == day)).all() == [(7, True)]
+        assert (
+            conn.execute(
+                sa.select(sa.func.count())
+                .select_from(github_release_asset_snapshot)
+                .where(github_release_asset_snapshot.c.day == day)
+            ).scalar()
+            == 1
+        )
+        assert conn.execute(sa.select(r.c.source, r.c.raw_count)).all() == [("site_analytics", 4)]
+    assert site_check(result).passed
+
+
+def test_a_rejected_plausible_key_fails_without_a_step_retry(engine: sa.Engine, db_url: str) -> None:
+    add_campaign(engine, "alpha", utm_campaign="alpha26")
+    day = date(2026, 11, 26)
+    api = Api(lambda request: httpx.Response(401, json={"error": "Invalid API key"}))
+    result = run_measurement(
+        build_measurement_daily(dg.RetryPolicy(max_retries=3)),
+        dg.AssetSelection.assets(SITE_KEY, ROLLUP_KEY),
+        db_url,
+        day,
+        mocked_plausible(api),
+    )
+    assert not result.success
+    assert step_events(result, dg.DagsterEventType.STEP_UP_FOR_RETRY) == []
+    assert len(api.requests) == 1
+    [failure] = step_events(result, dg.DagsterEventType.STEP_FAILURE)
+    assert "credentials rejected (HTTP 401)" in str(failure.step_failure_data.error)

@@ -153,6 +153,7 @@ def test_a_range_run_equals_single_day_runs_row_for_row(engine: sa.Engine, db_ur
     assert sorted(c.check_name for c in ranged.get_asset_check_evaluations()) == [
         "first_party_count_matches_events",
         "no_unflagged_negative_download_delta",
+        "site_counts_consistent",
         "unique_actors_within_raw_count",
     ]
     assert all(c.passed for c in ranged.get_asset_check_evaluations())

@@ -13,13 +13,12 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from marketing_pipelines import cli
 from marketing_pipelines.cli import main
+from marketing_pipelines.cli import measurement as cli
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import campaign as campaign_table
 from marketing_pipelines.db.schema import marketing_event, marketing_event_reject
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.measurement import events as events_module
 from marketing_pipelines.measurement.events import (
     COPY_MIN_ROWS,
     MAX_LINE_BYTES,
@@ -27,15 +26,16 @@ from marketing_pipelines.measurement.events import (
     PROGRESS_STEP_BYTES,
     InvalidEvent,
     LoadCounts,
-    _jsonl_records,
-    _loads_strict,
-    _physical_lines,
-    _validated_row,
     list_rejects,
     load_events_file,
     record_events,
     reject_file_label,
 )
+from marketing_pipelines.measurement.events import files as events_module
+from marketing_pipelines.measurement.events.json_text import loads_strict as _loads_strict
+from marketing_pipelines.measurement.events.parse import jsonl_records as _jsonl_records
+from marketing_pipelines.measurement.events.parse import physical_lines as _physical_lines
+from marketing_pipelines.measurement.events.validate import validated_row as _validated_row
 from marketing_pipelines.strict_json import loads_json
 from marketing_pipelines_tests.factories import add_campaign
 
@@ -229,7 +229,7 @@ def test_events_load_command_fails_only_when_nothing_could_be_read(
     add_campaign_for(db_url)
     path = tmp_path / name
     path.write_bytes(content)
-    result = CliRunner().invoke(main, ["events", "load", str(path)])
+    result = CliRunner(env={"MARKETING_DATABASE_URL": db_url}).invoke(main, ["events", "load", str(path)])
     assert result.exit_code == 1, result.output
     assert message in result.output and "Traceback" not in result.output
 
@@ -238,7 +238,7 @@ def test_events_load_command_prints_counts(db_url: str, tmp_path: Path) -> None:
     add_campaign_for(db_url)
     path = tmp_path / "events.jsonl"
     path.write_text(json.dumps(event()) + "\n" + json.dumps(event(event_id="x", campaign_id="nope")) + "\n")
-    runner = CliRunner()
+    runner = CliRunner(env={"MARKETING_DATABASE_URL": db_url})
     first = runner.invoke(main, ["events", "load", str(path)], catch_exceptions=False)
     assert first.exit_code == 0
     assert "loaded 1, duplicate 0, conflict 0, rejected 1" in first.output
@@ -711,7 +711,9 @@ def test_events_load_shows_progress_on_large_files(
     add_campaign_for(db_url)
     path = write_jsonl(tmp_path / "events.jsonl", [event(event_id="a"), event(event_id="b")])
     monkeypatch.setattr(cli, "PROGRESS_MIN_BYTES", 1)
-    result = CliRunner().invoke(main, ["events", "load", str(path)], catch_exceptions=False)
+    result = CliRunner(env={"MARKETING_DATABASE_URL": db_url}).invoke(
+        main, ["events", "load", str(path)], catch_exceptions=False
+    )
     assert result.exit_code == 0
     assert "loading events.jsonl" in result.stderr and "100%" in result.stderr
     assert result.stdout == "loaded 2, duplicate 0, conflict 0, rejected 0\n"

@@ -19,13 +19,8 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import site_analytics_daily
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.measurement.events import record_events
-from marketing_pipelines.measurement.frames import (
-    MAX_FUNNEL_CAMPAIGNS,
-    ROLLUP_DTYPES,
-    RollupFrameIOManager,
-    funnel_markdown,
-    rollup_frame,
-)
+from marketing_pipelines.measurement.frames import ROLLUP_DTYPES, RollupFrameIOManager, rollup_frame
+from marketing_pipelines.measurement.funnel import MAX_FUNNEL_CAMPAIGNS, funnel_markdown
 from marketing_pipelines.measurement.report import measurement_report
 from marketing_pipelines.measurement.rollup import replace_rollup_day
 from marketing_pipelines_tests.factories import add_campaign
@@ -317,12 +312,12 @@ def three_day_view(context: dg.AssetExecutionContext, rollup: pd.DataFrame) -> d
     return dg.MaterializeResult(metadata={"rows": len(rollup)})
 
 
-def wired_resources() -> dict[str, Any]:
-    # As it will be wired: both resolve MARKETING_DATABASE_URL, which db_url points at the test database.
-    return {"app_db": AppDatabase(), "rollup_frames": RollupFrameIOManager()}
+def wired_resources(db_url: str) -> dict[str, Any]:
+    # As the definitions wire them: both on the one application database.
+    return {"app_db": AppDatabase(url=db_url), "rollup_frames": RollupFrameIOManager(url=db_url)}
 
 
-def test_io_manager_loads_a_partition_and_a_downstream_range(engine: sa.Engine) -> None:
+def test_io_manager_loads_a_partition_and_a_downstream_range(engine: sa.Engine, db_url: str) -> None:
     seed_events(engine, generated(per_day=30))
     assets = [rollup_stand_in, three_day_view]
     instance = dg.DagsterInstance.ephemeral()
@@ -332,11 +327,11 @@ def test_io_manager_loads_a_partition_and_a_downstream_range(engine: sa.Engine) 
             selection=[rollup_stand_in],
             partition_key=day.isoformat(),
             instance=instance,
-            resources=wired_resources(),
+            resources=wired_resources(db_url),
         )
         assert result.success
 
-    defs = dg.Definitions(assets=assets, resources=wired_resources())
+    defs = dg.Definitions(assets=assets, resources=wired_resources(db_url))
     loaded = defs.load_asset_value("measurement_daily_rollup", partition_key=DAYS[1].isoformat())
     assert isinstance(loaded, pd.DataFrame)
     assert {d.date() for d in loaded["day"]} == {DAYS[1]}
@@ -355,7 +350,7 @@ def test_io_manager_loads_a_partition_and_a_downstream_range(engine: sa.Engine) 
         selection=[three_day_view],
         partition_key=DAYS[2].isoformat(),
         instance=instance,
-        resources=wired_resources(),
+        resources=wired_resources(db_url),
     )
     assert result.success
     rollup = received[DAYS[2].isoformat()]

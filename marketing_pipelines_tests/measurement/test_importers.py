@@ -209,6 +209,7 @@ def test_plausible_429_fails_after_one_request_without_retrying() -> None:
     assert "limited to 600 requests per hour" in message
     assert len(recorder.requests) == 1
     assert recorder.sleeps == []
+    assert not raised.value.transient  # nor a step retry: the window has not reset
 
 
 def test_plausible_5xx_is_still_retried() -> None:
@@ -227,6 +228,18 @@ def test_plausible_5xx_is_still_retried() -> None:
     assert len(recorder.requests) == 2
 
 
+def test_plausible_5xx_outlasting_every_attempt_is_transient() -> None:
+    recorder = Recorder(lambda request: httpx.Response(503, text="upstream unavailable"))
+
+    with pytest.raises(ServiceError) as raised:
+        plausible(recorder).daily_campaign_stats(DAY)
+
+    # The asset lets Dagster's step retry try again later (IMPORT_RETRY_POLICY).
+    assert raised.value.transient
+    assert "gave up after 5 attempts (HTTP 503: upstream unavailable)" in str(raised.value)
+    assert len(recorder.requests) == 5 and len(recorder.sleeps) == 4
+
+
 def test_plausible_401_names_the_api_key_env_var() -> None:
     body = {"error": "Invalid API key or site ID. Please make sure you're using a valid API key."}
     recorder = Recorder(lambda request: httpx.Response(401, json=body))
@@ -237,6 +250,7 @@ def test_plausible_401_names_the_api_key_env_var() -> None:
     assert raised.value.status == 401
     assert "PLAUSIBLE_API_KEY" in str(raised.value)
     assert recorder.sleeps == []
+    assert not raised.value.transient
 
 
 def test_plausible_400_quotes_the_error_field() -> None:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
-
 import dagster as dg
-import pytest
 
 from marketing_pipelines.definitions import defs
+from marketing_pipelines.measurement.defs import importer_resources
 
 
 def test_measurement_keys_are_defined() -> None:
@@ -35,19 +33,12 @@ def test_measurement_keys_are_defined() -> None:
     }
 
 
-def test_importers_are_configured_from_env_vars_only_when_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    import marketing_pipelines.measurement.defs as measurement_defs
-
-    for name in ("PLAUSIBLE_API_KEY", "PLAUSIBLE_SITE_ID", "GITHUB_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    unset = importlib.reload(measurement_defs).defs.resources
+def test_importers_are_configured_from_env_vars_only_when_set() -> None:
+    unset = importer_resources({})
     assert unset["plausible"].api_key is None and unset["github"].token is None
 
-    monkeypatch.setenv("PLAUSIBLE_API_KEY", "k")
-    monkeypatch.setenv("PLAUSIBLE_SITE_ID", "example.com")
-    monkeypatch.setenv("GITHUB_TOKEN", "t")
-    configured = importlib.reload(measurement_defs).defs.resources
+    configured = importer_resources({"PLAUSIBLE_API_KEY": "k", "PLAUSIBLE_SITE_ID": "example.com", "GITHUB_TOKEN": "t"})
+    # Only the variables' names go into the definitions (and the UI), never their values.
     assert configured["plausible"].api_key == dg.EnvVar("PLAUSIBLE_API_KEY")
+    assert configured["plausible"].site_id == dg.EnvVar("PLAUSIBLE_SITE_ID")
     assert configured["github"].token == dg.EnvVar("GITHUB_TOKEN")
-    monkeypatch.undo()
-    importlib.reload(measurement_defs)

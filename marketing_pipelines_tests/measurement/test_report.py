@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from marketing_pipelines.cli import main
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.measurement import measurement_report, render
+from marketing_pipelines.measurement.report import measurement_report, render
 from marketing_pipelines.measurement.rollup import replace_rollup_day
 from marketing_pipelines_tests.measurement.generated import DAYS, generated_events, seed
 
@@ -112,7 +112,7 @@ def test_renderings_carry_the_same_numbers(engine: sa.Engine, rolled_up: list[di
 
 
 def test_report_command(db_url: str, rolled_up: list[dict[str, Any]], tmp_path: Path) -> None:
-    runner = CliRunner()
+    runner = CliRunner(env={"MARKETING_DATABASE_URL": db_url})
     args = ["report", "--campaign", "delta", "--from", DAYS[0].isoformat(), "--to", DAYS[-1].isoformat()]
     result = runner.invoke(main, [*args, "--format", "json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.schema import measurement_daily_rollup as daily_table
 from marketing_pipelines.db.schema import measurement_weekly_sketch as weekly_table
-from marketing_pipelines.measurement import measurement_report, sketches
-from marketing_pipelines.measurement.report import MeasurementReport
+from marketing_pipelines.measurement import sketches
+from marketing_pipelines.measurement.report import MeasurementReport, measurement_report
 from marketing_pipelines.measurement.rollup import replace_rollup_day, week_start
 from marketing_pipelines_tests.measurement.generated import seed
 
@@ -125,7 +125,7 @@ def test_report_uses_whole_fresh_weeks_and_equals_a_recount(engine: sa.Engine, b
 
 
 def test_a_stale_weekly_row_is_ignored_until_its_week_is_refreshed(
-    engine: sa.Engine, built: list[dict[str, Any]]
+    engine: sa.Engine, db_url: str, built: list[dict[str, Any]]
 ) -> None:
     # Late events by new actors for a Tuesday, rolled up while the weekly refresh "dies": the weekly
     # row keeps its old fingerprint and sketch, as if the process stopped between the two transactions.
@@ -140,7 +140,7 @@ def test_a_stale_weekly_row_is_ignored_until_its_week_is_refreshed(
 
     assert totals(report(engine)) == recount(built + late, "alpha")
 
-    result = CliRunner().invoke(main, ["db", "rebuild-weekly-sketches"])
+    result = CliRunner(env={"MARKETING_DATABASE_URL": db_url}).invoke(main, ["db", "rebuild-weekly-sketches"])
     assert result.exit_code == 0, result.output
     assert "rebuilt 3 week(s)" in result.output
     with engine.connect() as conn:
@@ -154,7 +154,8 @@ def test_a_stale_weekly_row_is_ignored_until_its_week_is_refreshed(
 def test_plan_uses_fresh_weeks_and_the_days_of_every_other_week(engine: sa.Engine, built: list[dict[str, Any]]) -> None:
     from dataclasses import replace
 
-    from marketing_pipelines.measurement.report import plan_sketches, read_days
+    from marketing_pipelines.measurement.report.queries import read_days
+    from marketing_pipelines.measurement.report.sketch_plan import plan_sketches
 
     key = ("first_party", "awareness", "page_view")
     with engine.connect() as conn:
@@ -177,7 +178,7 @@ def test_plan_uses_fresh_weeks_and_the_days_of_every_other_week(engine: sa.Engin
 
 
 def test_fingerprint_is_recomputed_from_the_daily_rows(engine: sa.Engine, built: list[dict[str, Any]]) -> None:
-    from marketing_pipelines.measurement.report import fresh_weekly_sketches, read_days
+    from marketing_pipelines.measurement.report.queries import fresh_weekly_sketches, read_days
 
     def fresh(conn: sa.Connection, start: date, end: date) -> set[tuple[date, tuple[str, str, str]]]:
         _, ranges = read_days(conn, "alpha", start, end)
@@ -227,13 +228,14 @@ def _rebuild_day(db_url: str, day: date, rounds: int, start: Any, out: Any) -> N
         out.put(repr(exc))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
 def test_days_of_one_week_rolled_up_at_once_leave_a_fresh_week(database: str, request: pytest.FixtureRequest) -> None:
     """Seven processes rebuild the seven days of one week at the same moment, several times over."""
     import multiprocessing as mp
 
     from marketing_pipelines.db.engine import get_engine
-    from marketing_pipelines.measurement.report import fresh_weekly_sketches, read_days
+    from marketing_pipelines.measurement.report.queries import fresh_weekly_sketches, read_days
 
     db_url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "pg_url")
     engine = get_engine(db_url)

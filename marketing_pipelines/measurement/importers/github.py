@@ -14,7 +14,7 @@ import httpx
 from pydantic import Field
 
 from marketing_pipelines.http import (
-    RetryPolicy,
+    HttpRetry,
     ServiceError,
     describe_error_response,
     is_rate_limited,
@@ -49,7 +49,7 @@ def is_github_rate_limited(response: httpx.Response) -> bool:
 # GitHub's rule: wait Retry-After seconds; else, with x-ratelimit-remaining 0, until x-ratelimit-reset; else at
 # least a minute (ignoring it may get the integration banned). A minute is not slept in-process: anything over
 # 30 s raises RateLimited, which the asset turns into a Dagster retry.
-GITHUB_RETRY_POLICY = RetryPolicy(max_wait_s=30.0, min_rate_limit_wait_s=60.0, is_rate_limited=is_github_rate_limited)
+GITHUB_HTTP_RETRY = HttpRetry(max_wait_s=30.0, min_rate_limit_wait_s=60.0, is_rate_limited=is_github_rate_limited)
 
 
 @dataclass(frozen=True)
@@ -165,9 +165,7 @@ class GitHubReleasesClient(dg.ConfigurableResource):
         """
         moved_to: str | None = None
         for _hop in range(MAX_REDIRECTS + 1):
-            response = send_with_retries(
-                client, request, service=SERVICE, policy=GITHUB_RETRY_POLICY, sleep=self._sleep
-            )
+            response = send_with_retries(client, request, service=SERVICE, policy=GITHUB_HTTP_RETRY, sleep=self._sleep)
             if response.status_code not in REDIRECTS:
                 return response, moved_to
             location = response.headers.get("location")

@@ -11,7 +11,7 @@ import dagster as dg
 import httpx
 from pydantic import Field
 
-from marketing_pipelines.http import RateLimited, RetryPolicy, ServiceError, describe_error_response, send_with_retries
+from marketing_pipelines.http import HttpRetry, RateLimited, ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.measurement.importers.base import ImporterNotConfigured, response_json
 
 SERVICE = "plausible"
@@ -30,7 +30,7 @@ MAX_PAGE_SIZE = 10_000
 # A retry within the hour only spends more of the same window, so a 429 is never retried in-process: the one
 # request fails the partition at once (5xx and transport errors are still retried with backoff).
 RATE_LIMIT_WINDOW_S = 3600.0
-PLAUSIBLE_RETRY_POLICY = RetryPolicy(min_rate_limit_wait_s=RATE_LIMIT_WINDOW_S)
+PLAUSIBLE_HTTP_RETRY = HttpRetry(min_rate_limit_wait_s=RATE_LIMIT_WINDOW_S)
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class PlausibleClient(dg.ConfigurableResource):
         )
         try:
             response = send_with_retries(
-                client, request, service=SERVICE, policy=PLAUSIBLE_RETRY_POLICY, sleep=self._sleep
+                client, request, service=SERVICE, policy=PLAUSIBLE_HTTP_RETRY, sleep=self._sleep
             )
         except RateLimited as exc:
             # A ServiceError, not RateLimited: the asset fails the partition instead of turning it into a Dagster

@@ -1,4 +1,4 @@
-"""The database side of the importers: one partition day of site analytics or release downloads at a time.
+"""Writes the importers' rows to the database (importers/ holds only their HTTP clients), one partition day at a time.
 
 Each function replaces exactly one day (and, for GitHub, one repository) in one transaction, so
 re-running a partition rewrites it instead of adding to it.

@@ -1,6 +1,7 @@
 """The daily rollup's SQL: one UTC day of events and imports, aggregated in the database, replaced in one transaction.
 
-The day boundary is UTC: a day holds events with ``occurred_at`` in [day 00:00 UTC, next day 00:00 UTC).
+Each day's week in the weekly sketch index (``weekly``) is refreshed after the day; the UTC day itself is in
+``event_days``.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, time, timedelta
+from datetime import UTC, date, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -20,11 +21,12 @@ from marketing_pipelines.db.schema import (
     github_release_download_daily,
     marketing_event,
     measurement_daily_rollup,
-    measurement_weekly_sketch,
     site_analytics_daily,
 )
 from marketing_pipelines.db.types import UTCDateTime
 from marketing_pipelines.measurement import sketches
+from marketing_pipelines.measurement.rollup.event_days import day_bounds
+from marketing_pipelines.measurement.rollup.weekly import refresh_week, week_start
 
 FIRST_PARTY = "first_party"
 SITE_ANALYTICS = "site_analytics"
@@ -34,13 +36,6 @@ SITE_STAGE, SITE_EVENT_TYPE = "site", "pageview"
 RELEASE_STAGE, RELEASE_EVENT_TYPE = "release", "download"
 
 RowKey = tuple[str, str, str]  # campaign_id, stage, event_type
-# pg_advisory_xact_lock(namespace, week) serialises weekly refreshes of one week across processes.
-WEEK_LOCK_NAMESPACE = 0x6D70_7700  # "mpw\0"
-
-
-def day_bounds(day: date) -> tuple[datetime, datetime]:
-    start = datetime.combine(day, time.min, tzinfo=UTC)
-    return start, start + timedelta(days=1)
 
 
 def _in_day(day: date) -> sa.ColumnElement[bool]:
@@ -274,114 +269,6 @@ def _summary(day: date, totals: list[sa.Row[Any]], campaigns: int, week_rows: in
     )
 
 
-def week_start(day: date) -> date:
-    """The Monday of ``day``'s ISO week: the key of measurement_weekly_sketch."""
-    return day - timedelta(days=day.weekday())
-
-
-@dataclass(frozen=True)
-class WeekRow:
-    """What one measurement_weekly_sketch row is built from: the week's daily rows of one key."""
-
-    days: int
-    raw_count: int
-    daily_rolled_up_at: datetime
-    actors_hll: bytes | None
-
-
-DailyMember = tuple[int, int | None, bytes | None, datetime]  # raw_count, unique_actors, actors_hll, rolled_up_at
-
-
-def merge_week(members: list[DailyMember]) -> WeekRow:
-    """Fold a week's daily rows (raw_count, unique_actors, actors_hll, rolled_up_at) of one key into a weekly row.
-
-    The sketch is NULL when any day's uniques are unknown, as the report's union would be.
-    """
-    known = all(m[1] is not None for m in members)
-    sketch = sketches.merge(m[2] for m in members) if known else None
-    return WeekRow(
-        days=len(members),
-        raw_count=sum(m[0] for m in members),
-        daily_rolled_up_at=max(m[3] for m in members),
-        actors_hll=sketches.serialize(sketch) if sketch is not None else None,
-    )
-
-
-def refresh_week(engine: sa.Engine, monday: date) -> int:
-    """Rebuild one week of measurement_weekly_sketch from the daily rollup; returns the rows written.
-
-    Runs after the day's own transaction has committed, under a per-week lock taken before any
-    read: two days of one week rebuilt at once (a parallel backfill) then refresh one after the
-    other, and the second reads the first's committed rows. Inside the day's REPEATABLE READ
-    snapshot it could not see them and would leave a row that misses a day. If this never runs
-    (the process died in between), the report notices the stale fingerprint and uses daily sketches.
-    """
-    d, w = measurement_daily_rollup, measurement_weekly_sketch
-    now = datetime.now(UTC)
-    with engine.begin() as conn:  # READ COMMITTED on PostgreSQL; BEGIN IMMEDIATE on SQLite
-        if is_postgres(conn):
-            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(WEEK_LOCK_NAMESPACE, monday.toordinal())))
-        rows = conn.execute(
-            sa.select(
-                d.c.campaign_id,
-                d.c.source,
-                d.c.stage,
-                d.c.event_type,
-                d.c.raw_count,
-                d.c.unique_actors,
-                d.c.actors_hll,
-                d.c.rolled_up_at,
-            ).where(d.c.day >= monday, d.c.day < monday + timedelta(days=7))
-        ).all()
-        groups: dict[tuple[str, str, str, str], list[DailyMember]] = {}
-        for row in rows:
-            key = (row.campaign_id, row.source, row.stage, row.event_type)
-            groups.setdefault(key, []).append((row.raw_count, row.unique_actors, row.actors_hll, row.rolled_up_at))
-        conn.execute(sa.delete(w).where(w.c.week_start == monday))
-        built = [(key, merge_week(members)) for key, members in groups.items()]
-        if built:
-            conn.execute(
-                sa.insert(w),
-                [
-                    {
-                        "week_start": monday,
-                        "campaign_id": key[0],
-                        "source": key[1],
-                        "stage": key[2],
-                        "event_type": key[3],
-                        "days": week.days,
-                        "raw_count": week.raw_count,
-                        "daily_rolled_up_at": week.daily_rolled_up_at,
-                        "actors_hll": week.actors_hll,
-                        "built_at": now,
-                    }
-                    for key, week in built
-                ],
-            )
-    return len(built)
-
-
-def rebuild_all_weeks(engine: sa.Engine) -> tuple[int, int]:
-    """Refresh every week that has daily rollup rows; returns (weeks, weekly rows written)."""
-    d = measurement_daily_rollup
-    with engine.connect() as conn:
-        days = conn.execute(sa.select(d.c.day).distinct()).scalars().all()
-    mondays = sorted({week_start(day) for day in days})
-    return len(mondays), sum(refresh_week(engine, monday) for monday in mondays)
-
-
-def events_per_day(conn: sa.Connection, days: Sequence[date]) -> dict[date, int]:
-    """Events that occurred on each of ``days`` (UTC), from one grouped query over their span."""
-    e = marketing_event
-    day = utc_day(e.c.occurred_at, conn.dialect).label("day")
-    start, end = day_bounds(min(days))[0], day_bounds(max(days))[1]
-    rows = conn.execute(
-        sa.select(day, sa.func.count()).where(e.c.occurred_at >= start, e.c.occurred_at < end).group_by(day)
-    )
-    counts = {row[0]: int(row[1]) for row in rows}
-    return {d: counts.get(d, 0) for d in days}
-
-
 def rollup_first_party_per_day(conn: sa.Connection, days: Sequence[date]) -> dict[date, int]:
     """The first-party raw_count total the rollup holds for each of ``days``, from one grouped query."""
     r = measurement_daily_rollup
@@ -392,21 +279,3 @@ def rollup_first_party_per_day(conn: sa.Connection, days: Sequence[date]) -> dic
     )
     totals = {row[0]: int(row[1]) for row in rows}
     return {d: totals.get(d, 0) for d in days}
-
-
-def utc_day(column: sa.ColumnElement[datetime], dialect: sa.Dialect) -> sa.ColumnElement[date]:
-    """The UTC calendar day of a timestamp column, computed in the database."""
-    if dialect.name == "postgresql":
-        return sa.type_coerce(sa.func.date(sa.func.timezone("UTC", column)), sa.Date)
-    # SQLite stores UTCDateTime as naive UTC text, whose date() is the UTC day.
-    return sa.type_coerce(sa.func.date(column), sa.Date)
-
-
-def days_with_events_ingested(conn: sa.Connection, since: datetime | None, until: datetime) -> dict[date, int]:
-    """UTC days of the events ingested in (since, until], with how many events each; served by the ingested_at index."""
-    e = marketing_event
-    day = utc_day(e.c.occurred_at, conn.dialect).label("day")
-    query = sa.select(day, sa.func.count()).where(e.c.ingested_at <= until).group_by(day)
-    if since is not None:
-        query = query.where(e.c.ingested_at > since)
-    return {row[0]: int(row[1]) for row in conn.execute(query)}

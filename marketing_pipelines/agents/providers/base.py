@@ -1,0 +1,209 @@
+"""The neutral interface every model provider meets, a provider's registry record, and the HTTP plumbing two share.
+
+The agent loop speaks in neutral records (``ToolSpec``, ``ToolCall``, ``ModelTurn``) and neutral
+message dicts; each provider translates them to and from one wire format. Neutral messages::
+
+    {"role": "user", "content": str}
+    {"role": "assistant", "content": str, "tool_calls": [{"id", "name", "arguments"}, ...]}
+    {"role": "tool", "tool_call_id": str, "name": str, "content": str, "is_error": bool}
+
+``ModelTurn.usage`` is always ``{"input_tokens": int, "output_tokens": int}`` whatever the provider
+calls them, so the caller's token bucket reads one shape. ``ModelTurn.stop_reason`` is the
+provider's own value ("end_turn"/"tool_use" for Anthropic and offline, "stop"/"tool_calls" for
+OpenAI); the loop should decide whether to continue from ``tool_calls``, not from it.
+
+Retries (429/5xx, ``Retry-After``) live in ``marketing_pipelines.http``; rate limiting is the
+caller's job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import dagster as dg
+import httpx
+from pydantic import PrivateAttr
+
+from marketing_pipelines.http import ServiceError, describe_error_response, send_with_retries
+from marketing_pipelines.settings import env_var_if_set
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+    stop_reason: str
+    usage: dict
+
+
+@runtime_checkable
+class ModelProvider(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def complete(self, system: str, messages: list[dict], tools: list[ToolSpec]) -> ModelTurn: ...
+
+
+@dataclass(frozen=True)
+class ProviderSpec:
+    """What a deployment needs to know about one provider: its name, its resource and the env vars that configure it.
+
+    Each provider module declares its own spec next to its resource class; ``registry.PROVIDERS``
+    lists them. The default model and base URL are the resource class's field defaults, so they
+    are written once.
+    """
+
+    name: str
+    resource_class: type[dg.ConfigurableResource]
+    api_key_env: str | None = None
+    model_env: str | None = None
+    base_url_env: str | None = None
+
+    @property
+    def resource_key(self) -> str:
+        """The provider resource's key in ``Definitions`` (the gateway holds the same instance)."""
+        return f"{self.name}_model"
+
+    @property
+    def default_model(self) -> str | None:
+        return self._field_default("model")
+
+    @property
+    def default_base_url(self) -> str | None:
+        return self._field_default("base_url")
+
+    def missing_key(self, environ: Mapping[str, str]) -> str | None:
+        """The API-key env var this provider needs and ``environ`` lacks, or None."""
+        if self.api_key_env and not environ.get(self.api_key_env):
+            return self.api_key_env
+        return None
+
+    def resource_from_env(self, environ: Mapping[str, str]) -> dg.ConfigurableResource:
+        """The provider's resource as ``environ`` configures it; unset variables leave the class defaults.
+
+        The API key is bound as ``dg.EnvVar`` (its value never enters run config or the UI) and only
+        when the variable is set: an unset EnvVar would fail resource initialisation, and with it
+        every run, while a missing key should only fail the runs that use this provider.
+        """
+        config: dict[str, Any] = {}
+        api_key = env_var_if_set(self.api_key_env, environ) if self.api_key_env else None
+        if api_key is not None:
+            config["api_key"] = api_key
+        for env_var, field in ((self.model_env, "model"), (self.base_url_env, "base_url")):
+            if env_var and environ.get(env_var):
+                config[field] = environ[env_var]
+        return self.resource_class(**config)
+
+    def _field_default(self, field: str) -> str | None:
+        info = self.resource_class.model_fields.get(field)
+        return None if info is None else info.default
+
+
+class HTTPModel(dg.ConfigurableResource):
+    """Shared by the HTTP providers: the API key, limits, and one ``httpx.Client`` per resource instance.
+
+    The client is built on the first call and reused by every later call, so a run's model turns
+    share its connection pool (and its TLS sessions). Dagster calls ``teardown_after_execution`` on
+    the instance it initialised for a run, which closes the client; outside a run, ``close()`` does.
+    """
+
+    api_key: str | None = None
+    timeout_s: float = 60.0
+    max_tokens: int = 1024
+
+    _http_client: httpx.Client | None = PrivateAttr(default=None)
+
+    def is_configured(self) -> bool:
+        return bool(self.api_key and self.api_key.strip())
+
+    def http_client(self) -> httpx.Client:
+        """This instance's client, built on first use (again after ``close()``)."""
+        if self._http_client is None or self._http_client.is_closed:
+            self._http_client = self._client()
+        return self._http_client
+
+    def close(self) -> None:
+        if self._http_client is not None:
+            self._http_client.close()
+            self._http_client = None
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        self.close()
+
+    def _client(self) -> httpx.Client:
+        """Build the client; called once per instance. Tests override it to swap the transport."""
+        return httpx.Client(timeout=self.timeout_s)
+
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def _post(self, spec: ProviderSpec, url: str, headers: dict[str, str], body: dict[str, Any]) -> dict[str, Any]:
+        key_env = spec.api_key_env or "the API key"
+        if not self.is_configured():
+            raise ServiceError(spec.name, f"no API key; set {key_env}")
+        return post_json(
+            self.http_client(), url, headers, body, service=spec.name, credential_env_var=key_env, sleep=self._sleep
+        )
+
+
+def api_error_message(response: httpx.Response) -> str | None:
+    # Both APIs answer errors with {"error": {"message": ...}} (Anthropic adds a top-level "type").
+    try:
+        payload = response.json()
+    except ValueError:
+        return None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    if isinstance(error, str):
+        return error
+    return None
+
+
+def post_json(
+    client: httpx.Client,
+    url: str,
+    headers: dict[str, str],
+    body: dict[str, Any],
+    *,
+    service: str,
+    credential_env_var: str,
+    sleep: Callable[[float], None],
+) -> dict[str, Any]:
+    request = client.build_request("POST", url, headers=headers, json=body)
+    response = send_with_retries(client, request, service=service, sleep=sleep)
+    if response.status_code in (401, 403):
+        raise describe_error_response(service, response, credential_hint=credential_env_var)
+    if response.status_code >= 400:
+        message = api_error_message(response)
+        if message is None:
+            raise describe_error_response(service, response)
+        raise ServiceError(service, f"API error (HTTP {response.status_code}): {message}", response.status_code)
+    try:
+        payload = response.json()
+    except ValueError as exc:
+        raise ServiceError(service, f"response was not valid JSON ({exc}): {response.text[:200]!r}") from exc
+    if not isinstance(payload, dict):
+        raise ServiceError(service, f"expected a JSON object, got {type(payload).__name__}")
+    return payload
+
+
+def int_or_zero(value: object) -> int:
+    return value if isinstance(value, int) else 0

@@ -1,0 +1,137 @@
+"""``OpenAIModel``: the Chat Completions API of OpenAI or any OpenAI-compatible server, and its registry record."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from marketing_pipelines.agents.providers.base import (
+    HTTPModel,
+    ModelTurn,
+    ProviderSpec,
+    ToolCall,
+    ToolSpec,
+    int_or_zero,
+)
+from marketing_pipelines.http import ServiceError
+
+
+class OpenAIModel(HTTPModel):
+    """A model behind the Chat Completions API: OpenAI itself or any OpenAI-compatible server.
+
+    Requests go to ``POST {base_url}/chat/completions``.
+    """
+
+    model: str = "gpt-4o-mini"
+    base_url: str = "https://api.openai.com/v1"
+    # OpenAI deprecated "max_tokens" and its reasoning and newer models reject it, while some
+    # OpenAI-compatible servers only understand "max_tokens"; the body key is therefore configurable.
+    max_tokens_field: Literal["max_completion_tokens", "max_tokens"] = "max_completion_tokens"
+
+    @property
+    def name(self) -> str:
+        return OPENAI.name
+
+    def complete(self, system: str, messages: list[dict], tools: list[ToolSpec]) -> ModelTurn:
+        body: dict[str, Any] = {
+            "model": self.model,
+            self.max_tokens_field: self.max_tokens,
+            "messages": _openai_messages(system, messages),
+        }
+        # The API rejects an empty tools array.
+        if tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {"name": tool.name, "description": tool.description, "parameters": tool.input_schema},
+                }
+                for tool in tools
+            ]
+        headers = {"authorization": f"Bearer {self.api_key or ''}", "content-type": "application/json"}
+        payload = self._post(OPENAI, f"{self.base_url.rstrip('/')}/chat/completions", headers, body)
+        return _parse_openai(payload, self.name)
+
+
+OPENAI = ProviderSpec(
+    name="openai",
+    resource_class=OpenAIModel,
+    api_key_env="OPENAI_API_KEY",
+    model_env="OPENAI_MODEL",
+    base_url_env="OPENAI_BASE_URL",
+)
+
+
+def _openai_messages(system: str, messages: list[dict]) -> list[dict]:
+    converted: list[dict] = [{"role": "system", "content": system}] if system else []
+    for message in messages:
+        role = message.get("role")
+        if role == "user":
+            converted.append({"role": "user", "content": str(message.get("content", ""))})
+        elif role == "assistant":
+            calls = message.get("tool_calls") or []
+            assistant: dict[str, Any] = {"role": "assistant", "content": message.get("content") or None}
+            # The API rejects an empty tool_calls array, so a text-only turn omits the key.
+            if calls:
+                assistant["tool_calls"] = [
+                    {
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])},
+                    }
+                    for call in calls
+                ]
+            converted.append(assistant)
+        elif role == "tool":
+            content = str(message.get("content", ""))
+            # Chat Completions has no is_error flag; without this prefix a refusal reads like a result.
+            if message.get("is_error"):
+                content = f"ERROR: {content}"
+            converted.append({"role": "tool", "tool_call_id": message["tool_call_id"], "content": content})
+        else:
+            raise ValueError(f"unknown message role {role!r}")
+    return converted
+
+
+def _parse_openai_arguments(raw: object, tool_name: str, service: str) -> dict:
+    # Some OpenAI-compatible servers send an object instead of a JSON string, or "" for no arguments.
+    if isinstance(raw, dict):
+        return raw
+    if raw is None or raw == "":
+        return {}
+    try:
+        parsed = json.loads(raw) if isinstance(raw, str) else None
+    except json.JSONDecodeError as exc:
+        raise ServiceError(
+            service, f"tool call {tool_name!r} has invalid JSON arguments ({exc}): {raw!r:.200}"
+        ) from exc
+    if not isinstance(parsed, dict):
+        raise ServiceError(service, f"tool call {tool_name!r} arguments are not a JSON object: {raw!r:.200}")
+    return parsed
+
+
+def _parse_openai(payload: dict[str, Any], service: str) -> ModelTurn:
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ServiceError(service, f"response has no choices: {json.dumps(payload)[:200]}")
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        raise ServiceError(service, "response choice has no message")
+    calls: list[ToolCall] = []
+    for raw_call in message.get("tool_calls") or []:
+        function = raw_call.get("function") if isinstance(raw_call, dict) else None
+        if not isinstance(function, dict) or not isinstance(raw_call.get("id"), str):
+            raise ServiceError(service, f"malformed tool call: {json.dumps(raw_call)[:200]}")
+        tool_name = str(function.get("name", ""))
+        arguments = _parse_openai_arguments(function.get("arguments"), tool_name, service)
+        calls.append(ToolCall(id=raw_call["id"], name=tool_name, arguments=arguments))
+    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+    return ModelTurn(
+        # A refusal arrives in its own field with content null; surface it rather than an empty turn.
+        text=str(message.get("content") or message.get("refusal") or ""),
+        tool_calls=tuple(calls),
+        stop_reason=str(choices[0].get("finish_reason") or ""),
+        usage={
+            "input_tokens": int_or_zero(usage.get("prompt_tokens")),
+            "output_tokens": int_or_zero(usage.get("completion_tokens")),
+        },
+    )

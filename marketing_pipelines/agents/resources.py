@@ -1,0 +1,25 @@
+"""``AgentSettings``: how agent runs are claimed, limited and leased, as resource config."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from marketing_pipelines.settings import Settings, setting_field
+
+
+class AgentSettings(dg.ConfigurableResource):
+    """The agent queue's tunables; each field is a MARKETING_* setting and shows its env var in the UI."""
+
+    batch_size: int = setting_field("sensor_batch_size")
+    max_concurrent_agent_runs: int = setting_field("max_concurrent_agent_runs")
+    max_model_calls_per_minute: int = setting_field("max_model_calls_per_minute")
+    lease_grace_seconds: int = setting_field("agent_lease_grace_seconds")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AgentSettings:
+        return cls(
+            batch_size=settings.sensor_batch_size,
+            max_concurrent_agent_runs=settings.max_concurrent_agent_runs,
+            max_model_calls_per_minute=settings.max_model_calls_per_minute,
+            lease_grace_seconds=settings.agent_lease_grace_seconds,
+        )

@@ -1,0 +1,105 @@
+"""What the command groups share: one-line errors, settings and database access, table output, option types."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+import sqlalchemy as sa
+
+from marketing_pipelines.db.engine import DatabaseUnavailable, get_engine
+from marketing_pipelines.db.migrate import SchemaNotReady, ensure_schema_current
+from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.http import ServiceError
+from marketing_pipelines.settings import Settings, SettingsError, load_settings
+
+KNOWN_ERRORS: tuple[type[Exception], ...] = (
+    InvalidInput,
+    SchemaNotReady,
+    DatabaseUnavailable,
+    SettingsError,
+    ServiceError,
+)
+
+
+class FriendlyGroup(click.Group):
+    """Turns the project's known errors into one clear ``Error: ...`` line and exit code 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KNOWN_ERRORS as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+def settings() -> Settings:
+    return load_settings()
+
+
+def engine() -> sa.Engine:
+    return get_engine(settings().resolved_database_url)
+
+
+@contextmanager
+def ready_conn() -> Iterator[sa.Connection]:
+    """A transaction on the application database, after checking its schema is current."""
+    eng = engine()
+    ensure_schema_current(eng)
+    with eng.begin() as conn:
+        yield conn
+
+
+def emit_rows(rows: list[dict[str, Any]], columns: list[str], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(rows, default=str, indent=2))
+        return
+    if not rows:
+        click.echo("(none)")
+        return
+    widths = {c: max(len(c), *(len(cell_text(r.get(c))) for r in rows)) for c in columns}
+    click.echo("  ".join(c.ljust(widths[c]) for c in columns))
+    for r in rows:
+        click.echo("  ".join(cell_text(r.get(c)).ljust(widths[c]) for c in columns))
+
+
+def cell_text(value: Any) -> str:
+    """One table cell: ``-`` for NULL, ISO times to the second, JSON for the rest, cut at 60 characters."""
+    if value is None:
+        return "-"
+    if hasattr(value, "isoformat"):
+        return value.isoformat(timespec="seconds")
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# Row ids are 64-bit integers on both databases; a larger number is refused by Click, not by a driver.
+ROW_ID = click.IntRange(1, 2**63 - 1)
+
+
+class FiniteFloat(click.ParamType):
+    """A float within (minimum, maximum]: ``nan``, ``inf`` and ``1e308`` are refused with one line."""
+
+    name = "number"
+
+    def __init__(self, minimum: float, maximum: float) -> None:
+        self.minimum, self.maximum = minimum, maximum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or not self.minimum < number <= self.maximum:
+            self.fail(
+                f"{value!r} must be a finite number above {self.minimum:g} and at most {self.maximum:g}", param, ctx
+            )
+        return number
+
+
+json_option: Callable[[Callable[..., Any]], Callable[..., Any]] = click.option(
+    "--json", "as_json", is_flag=True, help="Print JSON instead of a table."
+)

@@ -1,0 +1,68 @@
+"""``marketing-pipelines db``: create or upgrade the application schema, rebuild the weekly sketch index."""
+
+from __future__ import annotations
+
+import click
+
+from marketing_pipelines.cli.common import FriendlyGroup, engine
+from marketing_pipelines.db.migrate import current_revision, ensure_schema_current, head_revision, upgrade
+
+
+@click.group(cls=FriendlyGroup)
+def db() -> None:
+    """Create or upgrade the application database schema."""
+
+
+@db.command("upgrade")
+def db_upgrade() -> None:
+    """Apply all migrations (creates the SQLite file on first use).
+
+    \b
+    Example:
+      MARKETING_DATABASE_URL=postgresql://app@db:5432/marketing marketing-pipelines db upgrade
+    """
+    from marketing_pipelines.db.engine import check_connection, sqlite_path
+
+    eng = engine()
+    path = sqlite_path(eng)
+    if path is None:
+        check_connection(eng)
+    before = current_revision(eng) if path is None or path.exists() else None
+    upgrade(eng)
+    after = current_revision(eng)
+    where = eng.url.render_as_string(hide_password=True)
+    click.echo(f"{where}: schema at {after}" + ("" if before == after else f" (was {before or 'empty'})"))
+
+
+@db.command("current")
+def db_current() -> None:
+    """Show the schema revision of the database and the one this code needs.
+
+    \b
+    Example:
+      marketing-pipelines db current
+    """
+    from marketing_pipelines.db.engine import check_connection
+
+    eng = engine()
+    check_connection(eng)
+    click.echo(f"database: {current_revision(eng) or 'empty'}; code needs: {head_revision()}")
+
+
+@db.command("rebuild-weekly-sketches")
+def db_rebuild_weekly_sketches() -> None:
+    """Rebuild measurement_weekly_sketch from the daily rollup, for every rolled-up week.
+
+    Rolling up a day keeps its week current; run this once after upgrading a database that already
+    holds daily rollups. Until then reports are correct, merging daily sketches instead of weekly ones.
+
+    \b
+    Example:
+      marketing-pipelines db rebuild-weekly-sketches
+    """
+    from marketing_pipelines.measurement.rollup.weekly import rebuild_all_weeks
+
+    eng = engine()
+    ensure_schema_current(eng)
+    weeks, rows = rebuild_all_weeks(eng)
+    click.echo(f"rebuilt {weeks} week(s), {rows} weekly sketch row(s)")

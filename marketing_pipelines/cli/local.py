@@ -1,0 +1,56 @@
+"""``marketing-pipelines ui`` and ``demo``: the Dagster UI and the end-to-end demo on the local instance."""
+
+from __future__ import annotations
+
+import click
+
+from marketing_pipelines.cli.common import settings
+
+
+@click.command("ui")
+@click.option("--port", type=click.IntRange(1, 65535), default=3000, show_default=True, help="Port of the UI.")
+def ui_command(port: int) -> None:
+    """Open the Dagster UI (dagster dev) on the demo's instance and database.
+
+    The UI, its daemon and the demo share .marketing/dagster_home and MARKETING_DATABASE_URL (or the
+    embedded SQLite file), so the demo's runs, materializations, sensor ticks and pool show there,
+    and a demo run while the UI is up lets the UI's daemon do the work. Webhooks from this local UI
+    may reach 127.0.0.1 (the demo's receiver) unless MARKETING_WEBHOOK_ALLOW_NETWORKS says otherwise.
+
+    \b
+    Example:
+      marketing-pipelines ui            # then open http://127.0.0.1:3000
+    """
+    import os
+    import sys
+    from pathlib import Path
+
+    from marketing_pipelines.demo import dagster_home
+
+    home = dagster_home()
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "MARKETING_DATABASE_URL": settings().resolved_database_url,
+        "MARKETING_WEBHOOK_ALLOW_NETWORKS": os.environ.get("MARKETING_WEBHOOK_ALLOW_NETWORKS") or "127.0.0.1/32",
+    }
+    dagster = Path(sys.executable).parent / "dagster"
+    argv = [str(dagster), "dev", "-m", "marketing_pipelines.definitions", "-p", str(port)]
+    click.echo(f"Dagster UI on http://127.0.0.1:{port}, instance {home}", err=True)
+    os.execve(str(dagster), argv, env)  # dagster dev owns the terminal and its signals from here
+
+
+@click.command("demo")
+@click.option("--days", type=click.IntRange(1, 60), default=7, show_default=True, help="Days of history to seed.")
+def demo_command(days: int) -> None:
+    """Seed the embedded database and drive the whole path on a real Dagster instance.
+
+    Needs no server, network or API keys. Safe to run again: seeding is idempotent.
+
+    \b
+    Example:
+      marketing-pipelines demo
+    """
+    from marketing_pipelines.demo import run_demo
+
+    run_demo(days=days, echo=click.echo)

@@ -1,0 +1,131 @@
+"""``marketing-pipelines events`` (load a file, list its rejects) and ``report`` (a campaign from the daily rollup)."""
+
+from __future__ import annotations
+
+import click
+
+from marketing_pipelines.cli.common import FriendlyGroup, emit_rows, engine, json_option, ready_conn, settings
+from marketing_pipelines.db.migrate import ensure_schema_current
+
+
+@click.group(cls=FriendlyGroup)
+def events() -> None:
+    """Load first-party marketing events into the measurement tables."""
+
+
+@events.command("load")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, readable=True))
+@click.option("--source", default="file", show_default=True, help="source of rows that do not name one.")
+def events_load(file: str, source: str) -> None:
+    """Load a .jsonl or .csv file of events; safe to run again (event_id dedupes).
+
+    Fields: event_id, campaign_id, stage, event_type, occurred_at (ISO-8601 with offset),
+    and optionally actor_id, source, properties (a JSON object). Invalid rows are stored in
+    marketing_event_reject with the line number and reason; the rest load.
+
+    \b
+    Example:
+      marketing-pipelines events load events-2026-11.jsonl
+      marketing-pipelines events load export.csv --source crm
+    """
+    import sys
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from marketing_pipelines.measurement.events import file_format, load_events_file, reject_file_label
+
+    path = Path(file)
+    file_format(path)
+    eng = engine()
+    ensure_schema_current(eng)
+    size = path.stat().st_size
+    interactive = sys.stderr.isatty()
+    if size > 0 and (interactive or size >= PROGRESS_MIN_BYTES):
+        # In a log (stderr not a terminal) the bar redraws rarely, so a long load leaves a few lines, not thousands.
+        with tqdm(
+            total=size,
+            desc=f"loading {path.name}",
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            file=sys.stderr,
+            mininterval=0.5 if interactive else 30,
+        ) as bar:
+            counts = load_events_file(eng, path, progress=bar.update, source=source)
+    else:
+        counts = load_events_file(eng, path, source=source)
+    click.echo(
+        f"loaded {counts.loaded}, duplicate {counts.duplicate}, conflict {counts.conflict}, rejected {counts.rejected}"
+    )
+    if counts.reasons:
+        by_count = sorted(counts.reasons.items(), key=lambda item: (-len(item[1]), item[1][0]))
+        for reason, lines in by_count[:REASONS_SHOWN]:
+            first = ", ".join(str(n) for n in lines[:3]) + (", ..." if len(lines) > 3 else "")
+            click.echo(f"  {len(lines):>6} x {reason} (line {first})", err=True)
+        if len(by_count) > REASONS_SHOWN:
+            click.echo(f"  ... and {len(by_count) - REASONS_SHOWN} more reason(s)", err=True)
+        click.echo(
+            f"see them all with: marketing-pipelines events rejects --file '{reject_file_label(path)}'", err=True
+        )
+
+
+REASONS_SHOWN = 10
+# events load shows a progress bar on a terminal, and in logs for files this large.
+PROGRESS_MIN_BYTES = 100 * 1024 * 1024
+
+
+@events.command("rejects")
+@click.option("--file", "file", default=None, help="Only this file (as events load names it: its absolute path).")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=200, show_default=True)
+@json_option
+def events_rejects(file: str | None, limit: int, as_json: bool) -> None:
+    """List rejected lines and conflicting events with their line number and reason.
+
+    \b
+    Example:
+      marketing-pipelines events rejects --file /data/events-2026-11.jsonl
+    """
+    from pathlib import Path
+
+    from marketing_pipelines.measurement.events import list_rejects, reject_file_label
+
+    label = reject_file_label(Path(file)) if file else None
+    with ready_conn() as conn:
+        rows = [dict(r) for r in list_rejects(conn, label, limit)]
+    emit_rows(rows, ["file", "line_number", "reason", "raw"], as_json)
+
+
+@click.command("report")
+@click.option("--campaign", "campaign_id", required=True, help="Campaign id.")
+@click.option("--from", "start", default=None, help="First UTC day (YYYY-MM-DD); default: first rolled-up day.")
+@click.option("--to", "end", default=None, help="Last UTC day, inclusive; default: last rolled-up day.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option("--stages", default=None, help="Funnel order, comma-separated (default: by unique actors).")
+def report_command(campaign_id: str, start: str | None, end: str | None, fmt: str, stages: str | None) -> None:
+    """Counts, unique actors, a daily series and the funnel of a campaign, from the daily rollup.
+
+    Reads only measurement_daily_rollup and its weekly sketch index; days not materialized yet
+    are missing from it.
+
+    \b
+    Example:
+      marketing-pipelines report --campaign spring-launch --from 2026-11-01 --to 2026-11-30
+      marketing-pipelines report --campaign spring-launch --format csv > spring.csv
+    """
+    from marketing_pipelines.measurement.report import measurement_report, parse_day, render
+
+    first = parse_day(start, "--from") if start else None
+    last = parse_day(end, "--to") if end else None
+    order = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
+    with ready_conn() as conn:
+        result = measurement_report(conn, campaign_id, first, last, stage_order=order)
+    click.echo(render(result, fmt).rstrip("\n"))
+    partitions_start = settings().measurement_start_date
+    if first is not None and first < partitions_start:
+        # Those days have no partition to materialize: the suggestion above cannot apply to them.
+        click.echo(
+            f"note: days before {partitions_start} are outside the measurement partitions "
+            "(MARKETING_MEASUREMENT_START_DATE) and are never rolled up",
+            err=True,
+        )

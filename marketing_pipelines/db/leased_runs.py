@@ -1,0 +1,163 @@
+"""The Dagster side of the lease protocol both queues share: claim into run requests, take over, reconcile.
+
+`db/lease.py` holds the SQL; this module holds what a claiming sensor, the op of a run and a
+run-status sensor do with it, identically for executions and agent runs: the tags a run carries
+to say who claimed it, the lease owner a run takes over as, the claim-and-summary of a tick, the
+take-over at the top of an op, and the reconciliation of a run that ended without recording.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import dagster as dg
+import sqlalchemy as sa
+
+from marketing_pipelines.db.lease import (
+    CANCELLED,
+    LeaseQueue,
+    Recovery,
+    claim_batch,
+    describe,
+    finish,
+    recover_expired,
+    retry_or_fail,
+    take_over_many,
+)
+
+# The sensor tick's lease owner, so a run (or its reconciliation) can take the rows over from it.
+TAG_CLAIMED_BY = "marketing/claimed_by"
+# When every row of the run is of one campaign (values only: a slug may be longer than a tag key's section).
+TAG_CAMPAIGN_ID = "marketing/campaign_id"
+
+T = TypeVar("T")
+
+
+def run_owner(run_id: str) -> str:
+    """The lease owner of the rows a Dagster run took over."""
+    return f"run:{run_id}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one claiming tick did: the run requests it built, from how many rows, with what room."""
+
+    requests: list[dg.RunRequest]
+    claimed: int
+    room: int
+    recovery: Recovery
+
+    def summary(self, queue_name: str, room_name: str = "batch") -> str:
+        text = f"{queue_name}: claimed {self.claimed} into {len(self.requests)} run(s) ({room_name} {self.room})"
+        if self.recovery.requeued or self.recovery.failed:
+            text += f", expired leases requeued {list(self.recovery.requeued)} failed {list(self.recovery.failed)}"
+        return text
+
+
+def claim_requests(
+    engine: sa.Engine,
+    queue: LeaseQueue,
+    claimed_by: str,
+    *,
+    room: int | Callable[[sa.Connection], int],
+    lease_seconds: float,
+    to_requests: Callable[[Sequence[sa.RowMapping]], list[dg.RunRequest]],
+    after_recovery: Callable[[sa.Connection, Recovery], None] | None = None,
+) -> Claim:
+    """Recover expired leases, then claim up to ``room`` ready rows and turn them into run requests.
+
+    Recovery commits first in its own transaction: a claim that fails must not undo it. ``room``
+    may be computed inside the claim's transaction (the agent pool's free slots).
+    """
+    with engine.begin() as conn:
+        recovery = recover_expired(conn, queue)
+        if after_recovery is not None:
+            after_recovery(conn, recovery)
+    with engine.begin() as conn:
+        limit = room(conn) if callable(room) else room
+        rows = claim_batch(conn, queue, claimed_by, limit, lease_seconds) if limit > 0 else []
+    return Claim(to_requests(rows), len(rows), max(limit, 0), recovery)
+
+
+@dataclass(frozen=True)
+class TakenOver:
+    """The rows a run now owns (in the order asked) and, for each row it could not take, why."""
+
+    owner: str
+    rows: list[sa.RowMapping]
+    skipped: dict[int, str]
+
+
+def take_over_rows(
+    engine: sa.Engine,
+    queue: LeaseQueue,
+    ids: Sequence[int],
+    *,
+    claimed_by: str,
+    run_id: str,
+    lease_seconds: float,
+    log: Callable[[str], None],
+    also: Callable[[sa.Connection, list[sa.RowMapping]], None] | None = None,
+) -> TakenOver:
+    """Take the sensor's claim on ``ids`` over as this run, in one transaction with ``also``.
+
+    A row the run cannot take (a re-execution from the UI of finished work, a run that started after
+    its claim expired and another attempt took the row) is described and logged, and left alone.
+    """
+    owner = run_owner(run_id)
+    ids = list(dict.fromkeys(ids))
+    with engine.begin() as conn:
+        rows = take_over_many(
+            conn,
+            queue,
+            ids,
+            claimed_by=claimed_by,
+            new_owner=owner,
+            lease_seconds=lease_seconds,
+            run_id=run_id,
+        )
+        if also is not None:
+            also(conn, rows)
+        taken = {row["id"] for row in rows}
+        skipped = {i: describe(conn, queue, i) for i in ids if i not in taken}
+    noun = queue.row_noun
+    for row_id, state in skipped.items():
+        log(f"{noun} {row_id} {state}; this run does not own it and does nothing.")
+    return TakenOver(owner, rows, skipped)
+
+
+def reconcile_run(
+    engine: sa.Engine,
+    queue: LeaseQueue,
+    run: dg.DagsterRun,
+    held: Mapping[int, int],
+    outcome: str,
+    reason: str,
+    *,
+    retry_delay_seconds: Callable[[int], float],
+    on_status: Callable[[sa.Connection, int, int, str], None] | None = None,
+) -> dict[str, int]:
+    """Record the outcome of each row (``{id: attempt}``) a run held when it ended without recording one.
+
+    Each row is fenced on its own by the run's lease owner (or the sensor's claim, when the run died
+    before taking it over) and by run id: rows the run already finished, or that another attempt owns
+    by now, are left alone. ``outcome`` CANCELLED ends a row CANCELLED; anything else retries it
+    (or fails it after its last attempt). Returns how many rows got which new status.
+    """
+    owners = [run_owner(run.run_id), run.tags.get(TAG_CLAIMED_BY, "")]
+    statuses: dict[str, int] = {}
+    with engine.begin() as conn:
+        for row_id, attempt in sorted(held.items()):
+            if outcome == CANCELLED:
+                done = finish(conn, queue, row_id, owners, CANCELLED, {queue.error_column: reason})
+                status = CANCELLED if done else None
+            else:
+                delay = retry_delay_seconds(attempt)
+                status = retry_or_fail(conn, queue, row_id, owners, reason, delay, run_id=run.run_id)
+            if status is not None:
+                if on_status is not None:
+                    on_status(conn, row_id, attempt, status)
+                statuses[status] = statuses.get(status, 0) + 1
+    return statuses

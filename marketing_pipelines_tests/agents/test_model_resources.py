@@ -1,0 +1,230 @@
+"""The provider registry, the model resources built from it, and one HTTP client per provider resource per run."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import dagster as dg
+import pytest
+
+from marketing_pipelines import settings
+from marketing_pipelines.agents.models import ModelGateway, model_resources
+from marketing_pipelines.agents.providers import (
+    PROVIDER_NAMES,
+    PROVIDERS,
+    AnthropicModel,
+    OfflineModel,
+    OpenAIModel,
+    provider_spec,
+)
+from marketing_pipelines.agents.queue import configured_provider_problem
+from marketing_pipelines.http import ServiceError
+from marketing_pipelines_tests.agents.test_providers import OPENAI_TEXT, SYSTEM
+
+# Raised inside Dagster when it initialises nested resources, not by this project.
+
+PROVIDER_ENV = [env for spec in PROVIDERS for env in (spec.api_key_env, spec.model_env, spec.base_url_env) if env]
+
+
+@pytest.fixture(autouse=True)
+def no_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in PROVIDER_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_settings_accept_exactly_the_registered_providers() -> None:
+    # settings.py may not import agents, so it keeps its own tuple; this holds the two equal.
+    assert settings.MODEL_PROVIDERS == PROVIDER_NAMES
+
+
+@pytest.mark.parametrize(
+    ("name", "resource_class", "resource_key", "key_env", "model_env", "base_url_env", "default_model"),
+    [
+        ("offline", OfflineModel, "offline_model", None, None, None, None),
+        (
+            "anthropic",
+            AnthropicModel,
+            "anthropic_model",
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_MODEL",
+            "ANTHROPIC_BASE_URL",
+            "claude-sonnet-4-5",
+        ),
+        ("openai", OpenAIModel, "openai_model", "OPENAI_API_KEY", "OPENAI_MODEL", "OPENAI_BASE_URL", "gpt-4o-mini"),
+    ],
+)
+def test_registry_records(
+    name: str,
+    resource_class: type,
+    resource_key: str,
+    key_env: str | None,
+    model_env: str | None,
+    base_url_env: str | None,
+    default_model: str | None,
+) -> None:
+    spec = provider_spec(name)
+    assert spec is not None
+    assert (spec.resource_class, spec.resource_key, spec.api_key_env, spec.model_env, spec.base_url_env) == (
+        resource_class,
+        resource_key,
+        key_env,
+        model_env,
+        base_url_env,
+    )
+    assert spec.default_model == default_model
+    assert resource_class().name == name
+
+
+def test_the_gateway_has_one_field_per_registered_provider() -> None:
+    assert set(PROVIDER_NAMES) <= set(ModelGateway.model_fields)
+
+
+def test_model_resources_read_the_environment_through_the_registry() -> None:
+    environ = {
+        "ANTHROPIC_API_KEY": "sk-ant",
+        "ANTHROPIC_MODEL": "claude-opus-4-1",
+        "OPENAI_BASE_URL": "http://llm.internal:8000/v1",
+        "OPENAI_MODEL": "",  # empty counts as unset
+    }
+    resources = model_resources(environ)
+
+    assert sorted(resources) == sorted(["models", *(spec.resource_key for spec in PROVIDERS)])
+    anthropic, openai = resources["anthropic_model"], resources["openai_model"]
+    assert isinstance(anthropic, AnthropicModel) and isinstance(openai, OpenAIModel)
+    # The key is an env var reference, never its value.
+    assert isinstance(anthropic.api_key, dg.EnvVar) and anthropic.api_key == "ANTHROPIC_API_KEY"
+    assert anthropic.model == "claude-opus-4-1"
+    assert openai.api_key is None
+    assert (openai.model, openai.base_url) == ("gpt-4o-mini", "http://llm.internal:8000/v1")
+    # The gateway holds the registered instances themselves, so the UI links it to them.
+    gateway = resources["models"]
+    for spec in PROVIDERS:
+        assert gateway.nested_resources[spec.name] is resources[spec.resource_key]
+
+
+def test_code_location_registers_the_provider_resources() -> None:
+    from marketing_pipelines.agents.defs import defs
+
+    assert {"models", "offline_model", "anthropic_model", "openai_model"} <= set(defs.resources)
+
+
+@pytest.mark.parametrize(
+    ("provider", "environ", "problem"),
+    [
+        ("offline", {}, None),
+        ("anthropic", {}, "model provider 'anthropic' is not configured: set ANTHROPIC_API_KEY"),
+        ("anthropic", {"ANTHROPIC_API_KEY": "k"}, None),
+        ("openai", {"ANTHROPIC_API_KEY": "k"}, "model provider 'openai' is not configured: set OPENAI_API_KEY"),
+        ("llama", {}, "unknown model provider 'llama'; known: offline, anthropic, openai"),
+    ],
+)
+def test_configured_provider_problem(provider: str, environ: dict[str, str], problem: str | None) -> None:
+    assert configured_provider_problem(provider, environ) == problem
+
+
+def test_a_deployment_without_keys_loads_and_a_run_says_not_configured() -> None:
+    resources = model_resources({})
+    with dg.build_resources({"models": resources["models"]}) as initialised:
+        gateway = initialised.models
+        assert gateway.provider("offline").name == "offline"
+        with pytest.raises(ServiceError, match="anthropic: not configured: set ANTHROPIC_API_KEY"):
+            gateway.provider("anthropic")
+        with pytest.raises(ServiceError, match="llama: unknown model provider"):
+            gateway.provider("llama")
+
+
+def test_a_key_set_at_load_resolves_in_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    resources = model_resources()
+    with dg.build_resources({"models": resources["models"]}) as initialised:
+        provider = initialised.models.provider("openai")
+        assert isinstance(provider, OpenAIModel) and provider.api_key == "sk-from-env"
+
+
+# --- one client per resource ---------------------------------------------------------------------
+
+
+class CountingServer:
+    """A local Chat Completions server (HTTP/1.1 keep-alive) that counts TCP connections opened and closed."""
+
+    def __init__(self) -> None:
+        self.opened = 0
+        self.closed = 0
+        self.requests = 0
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                with server._lock:
+                    server.opened += 1
+
+            def finish(self) -> None:
+                super().finish()
+                with server._lock:
+                    server.closed += 1
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["content-length"]))
+                with server._lock:
+                    server.requests += 1
+                data = json.dumps(OPENAI_TEXT).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        self.base_url = f"http://127.0.0.1:{self.http.server_address[1]}/v1"
+
+    def wait_closed(self, count: int, timeout_s: float = 5.0) -> int:
+        deadline = time.monotonic() + timeout_s
+        while self.closed < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.closed
+
+
+@pytest.fixture
+def counting_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[CountingServer]:
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    server = CountingServer()
+    thread = threading.Thread(target=server.http.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.http.shutdown()
+        server.http.server_close()
+        thread.join(timeout=5)
+
+
+def test_a_run_reuses_one_client_for_every_call_and_closes_it_at_teardown(
+    counting_server: CountingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("OPENAI_BASE_URL", counting_server.base_url)
+    gateway = model_resources()["models"]
+    messages = [{"role": "user", "content": "hello"}]
+
+    with dg.build_resources({"models": gateway}) as initialised:
+        provider = initialised.models.provider("openai")
+        assert provider.complete(SYSTEM, messages, []).text == "Campaign 7 got 42 signups."
+        assert initialised.models.provider("openai").complete(SYSTEM, messages, []).text
+        # Two calls, one connection: a fresh client per call would have opened two.
+        assert (counting_server.requests, counting_server.opened) == (2, 1)
+        assert counting_server.closed == 0
+
+    # Resource teardown closed the client, and with it the kept-alive connection.
+    assert counting_server.wait_closed(1) == 1

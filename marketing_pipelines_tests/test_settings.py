@@ -1,0 +1,121 @@
+"""Settings: one typed source (pydantic-settings), shown in the UI as resource config, bounded the same everywhere."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import dagster as dg
+import pytest
+
+from marketing_pipelines.agents.resources import AgentSettings
+from marketing_pipelines.definitions import defs
+from marketing_pipelines.executions.actions import WebhookClient
+from marketing_pipelines.executions.resources import ExecutionSettings
+from marketing_pipelines.settings import Settings, SettingsError, env_name, load_settings
+
+# Settings that shape definitions rather than runs: the UI shows them as what they shape.
+STRUCTURAL = {
+    "measurement_start_date": "the measurement assets' partitions",
+    "backfill_days_per_run": "the measurement assets' backfill policy",
+    "sensor_interval_seconds": "each claiming sensor's minimum interval",
+}
+# Defaults of what the CLI requests (it reads them itself); no Dagster code reads them.
+CLI_DEFAULTS = {"execution_max_attempts", "agent_max_run_seconds", "model_provider"}
+
+
+def _env_vars_shown_by_resources() -> set[str]:
+    shown = set()
+    for resource in defs.resources.values():
+        if isinstance(resource, dg.ConfigurableResource):
+            for field in type(resource).model_fields.values():
+                shown.update(re.findall(r"Env var: (\w+)", field.description or ""))
+    return shown
+
+
+def test_every_runtime_setting_is_config_of_a_resource_in_the_definitions() -> None:
+    shown = _env_vars_shown_by_resources()
+    missing = {
+        name
+        for name in Settings.model_fields
+        if name not in STRUCTURAL and name not in CLI_DEFAULTS and env_name(name) not in shown
+    }
+    assert missing == set()
+
+
+def test_resources_carry_the_settings_values() -> None:
+    settings = load_settings(
+        executions_per_run=4, retry_backoff_seconds=2.5, webhook_concurrency=3, max_concurrent_agent_runs=7
+    )
+    executions, webhook = ExecutionSettings.from_settings(settings), WebhookClient.from_settings(settings)
+    agents = AgentSettings.from_settings(settings)
+    assert (executions.executions_per_run, executions.retry_backoff_seconds) == (4, 2.5)
+    assert (webhook.concurrency, agents.max_concurrent_agent_runs) == (3, 7)
+    # Backoff doubles per attempt and is capped at an hour.
+    assert [executions.retry_delay_seconds(a) for a in (1, 2, 3)] == [2.5, 5.0, 10.0]
+    assert ExecutionSettings(retry_backoff_seconds=3000).retry_delay_seconds(5) == 3600.0
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: ExecutionSettings(batch_size=0), "batch_size"),  # below the setting's minimum
+        (lambda: ExecutionSettings(executions_per_run=1001), "executions_per_run"),  # above its maximum
+        (lambda: ExecutionSettings(retry_backoff_seconds=float("nan")), "retry_backoff_seconds"),  # not finite
+        (lambda: WebhookClient(concurrency=65), "concurrency"),
+        (lambda: WebhookClient(allow_networks=["10.0.0.0/8", "nope"]), "allow_networks"),
+        (lambda: AgentSettings(max_model_calls_per_minute=0), "max_model_calls_per_minute"),
+    ],
+)
+def test_resource_config_is_held_to_the_settings_bounds(build, field: str) -> None:  # type: ignore[no-untyped-def]
+    # A value edited in the launchpad meets the same bounds as the env var.
+    with pytest.raises(ValueError, match=field):
+        build()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"sensor_batch_size": 0}, "MARKETING_SENSOR_BATCH_SIZE=0 is not valid: must be between 1 and 10000"),
+        ({"retry_backoff_seconds": float("inf")}, "MARKETING_RETRY_BACKOFF_SECONDS=inf is not valid: must be"),
+        ({"webhook_allow_networks": "169.254.0.0/16,x"}, "'x' is not an IP network"),
+        ({"model_provider": "llama"}, "MARKETING_MODEL_PROVIDER='llama' is not valid: is not a provider"),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_the_variable(overrides: dict, message: str) -> None:
+    with pytest.raises(SettingsError) as raised:
+        load_settings(**overrides)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def _load_definitions(env: dict[str, str], code: str) -> subprocess.CompletedProcess[str]:
+    # A new interpreter reads its environment as a deployed code location does.
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MARKETING_")}
+    return subprocess.run(
+        [sys.executable, "-c", f"from marketing_pipelines.definitions import defs\n{code}"],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_code_location_builds_its_resources_from_the_environment() -> None:
+    shown = _load_definitions(
+        {"MARKETING_EXECUTIONS_PER_RUN": "7", "MARKETING_DATABASE_URL": "sqlite:////tmp/x.db"},
+        "import dagster as dg\n"
+        "r = defs.resources\n"
+        "url_is_env_var = r['app_db'].url == dg.EnvVar('MARKETING_DATABASE_URL')\n"
+        "print(r['execution_settings'].executions_per_run, r['webhook'].concurrency, url_is_env_var)",
+    )
+    assert shown.returncode == 0, shown.stderr
+    # The URL stays an EnvVar: the UI shows the variable's name, never a password inside it.
+    assert shown.stdout.split() == ["7", "16", "True"]
+
+
+def test_a_bad_setting_stops_the_code_location_from_loading_with_one_clear_line() -> None:
+    failed = _load_definitions({"MARKETING_EXECUTIONS_PER_RUN": "0"}, "")
+    assert failed.returncode != 0
+    assert "MARKETING_EXECUTIONS_PER_RUN='0' is not valid: must be between 1 and 1000" in failed.stderr
