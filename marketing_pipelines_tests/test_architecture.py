@@ -1,0 +1,34 @@
+"""docs/ARCHITECTURE.md's package map states the import-linter contract that CI enforces, layer for layer."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import marketing_pipelines
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def contract_layers() -> list[set[str]]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["importlinter"]
+    [layers] = [c["layers"] for c in config["contracts"] if c["type"] == "layers"]
+    return [{name.strip().removeprefix("marketing_pipelines.") for name in layer.split("|")} for layer in layers]
+
+
+def documented_layers() -> list[set[str]]:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| (\d+) \| (.+?) \|", text, re.MULTILINE)
+    return [set(re.findall(r"`(\w+)`", packages)) for _, packages in rows]
+
+
+def test_the_documented_package_map_is_the_enforced_one() -> None:
+    assert documented_layers() == contract_layers()
+
+
+def test_every_top_level_module_has_a_layer() -> None:
+    package = Path(marketing_pipelines.__file__).parent
+    modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    modules |= {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+    assert modules == set().union(*contract_layers())
