@@ -32,6 +32,7 @@ REQUIRED_SENSORS = {
 }
 MEASUREMENT_ASSETS = {"measurement_daily_rollup", "site_analytics_daily", "github_release_downloads_daily"}
 SENSOR_INTERVAL = 7  # not the default, to show the server's environment reaches the code location
+EXECUTIONS_PER_RUN = 40  # likewise, for a setting that is resource config
 
 WORKSPACE_QUERY = """
 {
@@ -49,6 +50,11 @@ WORKSPACE_QUERY = """
             name
             repositories {
               name
+              allTopLevelResourceDetails {
+                name
+                configFields { name description }
+                configuredValues { key value type }
+              }
               jobs { name isAssetJob }
               sensors { name defaultStatus minIntervalSeconds sensorState { status } }
               schedules { name cronSchedule defaultStatus scheduleState { status } }
@@ -99,6 +105,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path) -> d
         DAGSTER_HOME=str(home),
         MARKETING_DATABASE_URL=f"sqlite:///{app_db}",
         MARKETING_SENSOR_INTERVAL_SECONDS=str(SENSOR_INTERVAL),
+        MARKETING_EXECUTIONS_PER_RUN=str(EXECUTIONS_PER_RUN),
     )
     argv = [dagster_bin("dagster-webserver"), "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)]
     with running([]) as children, httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
@@ -173,3 +180,20 @@ def test_assets_checks_and_daily_partitions_match_defs(
             # Across midnight UTC the server's answer may lack the newest day, never differ otherwise.
             assert served_keys == expected_keys[: len(served_keys)], key
             assert len(expected_keys) - len(served_keys) <= 1, key
+
+
+def test_settings_show_as_resource_config_and_secrets_as_env_var_names(served: dict[str, Any]) -> None:
+    resources = {r["name"]: r for r in served["allTopLevelResourceDetails"]}
+    assert set(resources) == set(defs.resources)
+
+    def values(name: str) -> dict[str, tuple[str, str]]:
+        return {v["key"]: (v["value"], v["type"]) for v in resources[name]["configuredValues"]}
+
+    # What an operator sees under Deployment > Resources: the value in force, set from the environment ...
+    assert values("execution_settings")["executions_per_run"] == (str(EXECUTIONS_PER_RUN), "VALUE")
+    assert values("webhook")["concurrency"] == ("16", "VALUE")
+    # ... each field naming its variable ...
+    described = {f["name"]: f["description"] for f in resources["execution_settings"]["configFields"]}
+    assert "Env var: MARKETING_EXECUTIONS_PER_RUN." in described["executions_per_run"]
+    # ... and for the database URL (which may hold a password) only the variable's name.
+    assert values("app_db")["url"] == ("MARKETING_DATABASE_URL", "ENV_VAR")
