@@ -66,10 +66,6 @@ from _daemon import (
     log_findings,
 )
 
-# Read-only views of the daemon's sensor state; dagster exports no public name for them.
-from dagster._core.definitions.run_request import InstigatorType
-from dagster._core.scheduler.instigation import TickStatus
-
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_execution, marketing_execution_attempt
@@ -227,7 +223,9 @@ def daemon_session(label: str, overrides: Mapping[str, str], log_dir: Path) -> I
 
 def _sensor_ticks(instance: dg.DagsterInstance) -> list[Any]:
     states = [
-        s for s in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR) if s.instigator_name == SENSOR
+        s
+        for s in instance.all_instigator_state()
+        if s.instigator_type.value == "SENSOR" and s.instigator_name == SENSOR
     ]
     return [t for s in states for t in instance.get_ticks(s.instigator_origin_id, s.selector_id)]
 
@@ -236,9 +234,9 @@ def _wait_first_tick(instance: dg.DagsterInstance, daemon: Daemon) -> None:
     deadline = time.monotonic() + BOOT_TIMEOUT_S
     while time.monotonic() < deadline:
         daemon.check_alive()
-        if any(t.status in (TickStatus.SKIPPED, TickStatus.SUCCESS) for t in _sensor_ticks(instance)):
+        if any(t.status.value in ("SKIPPED", "SUCCESS") for t in _sensor_ticks(instance)):
             return
-        failed = [t for t in _sensor_ticks(instance) if t.status == TickStatus.FAILURE]
+        failed = [t for t in _sensor_ticks(instance) if t.status.value == "FAILURE"]
         if failed:
             raise RuntimeError(f"{SENSOR} tick failed: {failed[-1].error}")
         time.sleep(0.5)
