@@ -121,6 +121,24 @@ def test_jsonl_bad_rows_are_rejected_with_their_reason_and_valid_rows_load(
     assert got[0][2] == BAD_JSONL_LINES[0][0]
 
 
+def test_an_unterminated_csv_quote_rejects_the_rest_of_the_file_with_its_lines_kept_apart(
+    engine: sa.Engine, campaign: str, tmp_path: Path
+) -> None:
+    header = "event_id,campaign_id,stage,event_type,occurred_at"
+    ok = "ok1,spring-launch,awareness,page_view,2026-11-26T10:00:00Z"
+    # The quote opened on line 3 is never closed: lines 3 to 5 are one malformed row.
+    tail = ['bad,spring-launch,"awareness', "page_view,2026-11-26T10:00:00Z", "more,text"]
+    path = tmp_path / "events.csv"
+    path.write_text("\n".join([header, ok, *tail]) + "\n")
+
+    counts = load_events_file(engine, path)
+
+    assert (counts.loaded, counts.rejected) == (1, 1)
+    # The reject's raw text is the file's lines as written, one per line, as for every multi-line row.
+    # Python's csv reports the open quote as the data ending early.
+    assert rejects(engine) == [(3, "malformed CSV: unexpected end of data", "\n".join(tail))]
+
+
 def test_loading_the_same_file_twice_adds_nothing(engine: sa.Engine, campaign: str, tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_text(

@@ -148,12 +148,14 @@ def csv_records(lines: Iterator[PhysicalLine], path: Path) -> Iterator[Line]:
             row, problem = None, f"malformed CSV: {exc}"
         yield from source.take_too_long()
         row_lines, undecodable = source.take_row()
-        if problem == "end":
-            if row_lines:  # an unterminated quote ran to the end of the file
-                yield Line(row_lines[0][0], "".join(t for _, t in row_lines), None, "malformed CSV: unterminated quote")
-            return
         number = row_lines[0][0] if row_lines else 0
         raw = "\n".join(t for _, t in row_lines)
+        if problem == "end":
+            # The csv module reports an open quote at the end as "unexpected end of data" (above); lines
+            # still held here would be such a row all the same.
+            if row_lines:
+                yield Line(number, raw, None, "malformed CSV: unterminated quote")
+            return
         if row is None:
             yield Line(number, raw, None, problem)
         elif not row or all(not cell.strip() for cell in row):
