@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,15 +28,7 @@ from marketing_pipelines.agents.queue import configured_provider_problem
 from marketing_pipelines.http import ServiceError
 from marketing_pipelines_tests.agents.test_providers import OPENAI_TEXT, SYSTEM
 
-# Raised inside Dagster when it initialises nested resources, not by this project.
-
 PROVIDER_ENV = [env for spec in PROVIDERS for env in (spec.api_key_env, spec.model_env, spec.base_url_env) if env]
-
-
-@pytest.fixture(autouse=True)
-def no_provider_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in PROVIDER_ENV:
-        monkeypatch.delenv(name, raising=False)
 
 
 def test_settings_accept_exactly_the_registered_providers() -> None:
@@ -137,12 +132,24 @@ def test_a_deployment_without_keys_loads_and_a_run_says_not_configured() -> None
             gateway.provider("llama")
 
 
-def test_a_key_set_at_load_resolves_in_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
-    resources = model_resources()
-    with dg.build_resources({"models": resources["models"]}) as initialised:
-        provider = initialised.models.provider("openai")
-        assert isinstance(provider, OpenAIModel) and provider.api_key == "sk-from-env"
+def test_a_key_set_at_load_resolves_in_the_run() -> None:
+    # A new interpreter with the key in its environment, as a code server and its run workers have it.
+    code = (
+        "import dagster as dg\n"
+        "from marketing_pipelines.agents.models import model_resources\n"
+        "with dg.build_resources({'models': model_resources()['models']}) as initialised:\n"
+        "    print(initialised.models.provider('openai').api_key)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in PROVIDER_ENV}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "OPENAI_API_KEY": "sk-from-env"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["sk-from-env"]
 
 
 # --- one client per resource ---------------------------------------------------------------------
@@ -210,12 +217,8 @@ def counting_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[CountingServer]
         thread.join(timeout=5)
 
 
-def test_a_run_reuses_one_client_for_every_call_and_closes_it_at_teardown(
-    counting_server: CountingServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    monkeypatch.setenv("OPENAI_BASE_URL", counting_server.base_url)
-    gateway = model_resources()["models"]
+def test_a_run_reuses_one_client_for_every_call_and_closes_it_at_teardown(counting_server: CountingServer) -> None:
+    gateway = ModelGateway(openai=OpenAIModel(api_key="sk-test", base_url=counting_server.base_url))
     messages = [{"role": "user", "content": "hello"}]
 
     with dg.build_resources({"models": gateway}) as initialised:

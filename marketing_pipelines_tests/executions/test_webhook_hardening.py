@@ -198,10 +198,7 @@ def test_a_huge_error_body_is_not_read() -> None:
 SECRETS = ("s3cretpw", "SECRETTOKEN", "HEADERSECRET")
 
 
-def test_url_credentials_and_query_are_redacted_wherever_shown(
-    db_url: str, engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("MARKETING_DATABASE_URL", db_url)
+def test_url_credentials_and_query_are_redacted_wherever_shown(db_url: str, engine: sa.Engine) -> None:
     add_campaign(engine)
     # .invalid never resolves (RFC 2606): the attempt fails with the URL in its error.
     url = "https://user:s3cretpw@hooks.invalid/x?token=SECRETTOKEN"
@@ -214,7 +211,7 @@ def test_url_credentials_and_query_are_redacted_wherever_shown(
         row = get_execution(conn, execution_id)
     assert row is not None and row["status"] == "FAILED"
     assert "https://***@hooks.invalid/x?***" in row["last_error"]
-    runner = CliRunner()
+    runner = CliRunner(env={"MARKETING_DATABASE_URL": db_url})
     listed = runner.invoke(main, ["executions", "list"], catch_exceptions=False).output
     shown = runner.invoke(main, ["executions", "show", str(execution_id), "--json"], catch_exceptions=False).output
     assert "hooks.invalid" in logs and "hooks.invalid" in shown
