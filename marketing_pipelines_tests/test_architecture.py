@@ -32,3 +32,28 @@ def test_every_top_level_module_has_a_layer() -> None:
     modules = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
     modules |= {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
     assert modules == set().union(*contract_layers())
+
+
+# os.environ.get("MARKETING_..."), os.environ["MARKETING_..."], os.getenv("MARKETING_..."), setenv("MARKETING_...")
+MARKETING_ENV_READ = re.compile(r"""(environ(\.get)?\s*[\(\[]|getenv\(|setenv\()\s*["']MARKETING_""")
+
+
+def test_only_settings_reads_marketing_variables() -> None:
+    package = Path(marketing_pipelines.__file__).parent
+    readers = {
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if MARKETING_ENV_READ.search(path.read_text(encoding="utf-8"))
+    }
+    assert readers == set()  # settings.py reads them through pydantic-settings, by field name
+
+
+def test_no_test_changes_a_setting_through_the_environment_or_a_module_reload() -> None:
+    # Tests build resources (ExecutionSettings(...), AgentSettings(...)) or hand a child process its env.
+    offenders = {
+        path.name
+        for path in (ROOT / "marketing_pipelines_tests").rglob("*.py")
+        if path.name != "test_architecture.py"
+        and re.search(r"""setenv\(\s*["']MARKETING_|importlib\.reload\(""", path.read_text(encoding="utf-8"))
+    }
+    assert offenders == set()

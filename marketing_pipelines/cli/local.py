@@ -27,12 +27,13 @@ def ui_command(port: int) -> None:
 
     from marketing_pipelines.demo import dagster_home
 
-    home = dagster_home()
+    home, current = dagster_home(), settings()
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
-        "MARKETING_DATABASE_URL": settings().resolved_database_url,
-        "MARKETING_WEBHOOK_ALLOW_NETWORKS": os.environ.get("MARKETING_WEBHOOK_ALLOW_NETWORKS") or "127.0.0.1/32",
+        "MARKETING_DATABASE_URL": current.resolved_database_url,
+        # A local UI's webhooks may reach this machine (the demo's receiver) unless networks were chosen.
+        "MARKETING_WEBHOOK_ALLOW_NETWORKS": ",".join(current.webhook_allow_networks) or "127.0.0.1/32",
     }
     dagster = Path(sys.executable).parent / "dagster"
     argv = [str(dagster), "dev", "-m", "marketing_pipelines.definitions", "-p", str(port)]
