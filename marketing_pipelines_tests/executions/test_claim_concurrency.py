@@ -37,6 +37,9 @@ def _sensor_worker(db_url: str, start: Any, out: Any) -> None:
             "execution_settings": ExecutionSettings(batch_size=BATCH, executions_per_run=PER_RUN),
         },
     )
+    # Pay the first tick's one-off costs (resources, engine, schema check) before the race: on a busy
+    # machine a process paying them after the barrier could find every row already claimed.
+    context.resources.app_db.ready_engine()
     claimed: list[int] = []
     empty_ticks = 0
     start.wait()
@@ -46,6 +49,10 @@ def _sensor_worker(db_url: str, start: Any, out: Any) -> None:
         # Each claimed row goes into exactly one run of the tick: runs hold disjoint batches.
         claimed += [i for r in requests or [] for i in executions_of_run(r.tags)]
         empty_ticks = 0 if requests else empty_ticks + 1
+        # Ticks are never back to back (the daemon spaces them by seconds). Without a pause, SQLite's lock,
+        # which is not fair, can go to the same process tick after tick on a busy machine and leave the
+        # other with nothing to race for.
+        time.sleep(0.002)
     out.put(claimed)
 
 
