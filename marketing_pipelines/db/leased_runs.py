@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 import dagster as dg
 import sqlalchemy as sa
@@ -31,8 +30,6 @@ from marketing_pipelines.db.lease import (
 TAG_CLAIMED_BY = "marketing/claimed_by"
 # When every row of the run is of one campaign (values only: a slug may be longer than a tag key's section).
 TAG_CAMPAIGN_ID = "marketing/campaign_id"
-
-T = TypeVar("T")
 
 
 def run_owner(run_id: str) -> str:
