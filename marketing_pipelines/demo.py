@@ -329,43 +329,31 @@ def _drain(
     """Tick the sensors until none finds anything, running each requested run on the instance."""
     # A context manager: the model gateway's providers hold an HTTP client they close at teardown.
     with dg.build_sensor_context(instance=instance, resources=resources) as context:
-        return _tick_until_idle(instance, sensors, defs, resources, echo, max_ticks, context)
-
-
-def _tick_until_idle(
-    instance: dg.DagsterInstance,
-    sensors: list[dg.SensorDefinition],
-    defs: dg.Definitions,
-    resources: dict[str, Any],
-    echo: Echo,
-    max_ticks: int,
-    context: dg.SensorEvaluationContext,
-) -> int:
-    launched = 0
-    for tick in range(1, max_ticks + 1):
-        requests: list[dg.RunRequest] = []
-        for sensor in sensors:
-            result = sensor(context)
-            if isinstance(result, dg.SensorResult) and result.run_requests:
-                requests += result.run_requests
-            elif isinstance(result, dg.SkipReason):
-                echo(f"      tick {tick}, {sensor.name}: {result.skip_message}")
-        if not requests:
-            return launched
-        echo(f"      tick {tick}: {len(requests)} run request(s)")
-        for request in requests:
-            job = defs.resolve_job_def(request.job_name or "")
-            result_run = job.execute_in_process(
-                # Dagster's step-by-step console log would bury the demo's own lines; the full
-                # event log is still stored on the instance.
-                run_config={**request.run_config, "loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-                tags={**request.tags, "dagster/run_key": request.run_key or ""},
-                instance=instance,
-                resources=resources,
-                raise_on_error=False,
-            )
-            executions = sorted(executions_of_run(request.tags))
-            what = f"executions {executions}" if executions else f"agent run {request.tags.get(TAG_AGENT_RUN_ID)}"
-            echo(f"        run {result_run.run_id[:8]} {'SUCCESS' if result_run.success else 'FAILURE'} ({what})")
-            launched += 1
-    return launched
+        launched = 0
+        for tick in range(1, max_ticks + 1):
+            requests: list[dg.RunRequest] = []
+            for sensor in sensors:
+                result = sensor(context)
+                if isinstance(result, dg.SensorResult) and result.run_requests:
+                    requests += result.run_requests
+                elif isinstance(result, dg.SkipReason):
+                    echo(f"      tick {tick}, {sensor.name}: {result.skip_message}")
+            if not requests:
+                return launched
+            echo(f"      tick {tick}: {len(requests)} run request(s)")
+            for request in requests:
+                job = defs.resolve_job_def(request.job_name or "")
+                result_run = job.execute_in_process(
+                    # Dagster's step-by-step console log would bury the demo's own lines; the full
+                    # event log is still stored on the instance.
+                    run_config={**request.run_config, "loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+                    tags={**request.tags, "dagster/run_key": request.run_key or ""},
+                    instance=instance,
+                    resources=resources,
+                    raise_on_error=False,
+                )
+                executions = sorted(executions_of_run(request.tags))
+                what = f"executions {executions}" if executions else f"agent run {request.tags.get(TAG_AGENT_RUN_ID)}"
+                echo(f"        run {result_run.run_id[:8]} {'SUCCESS' if result_run.success else 'FAILURE'} ({what})")
+                launched += 1
+        return launched
