@@ -21,7 +21,7 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -102,6 +102,46 @@ class Settings(BaseSettings):
     backfill_days_per_run: int = Field(
         92, ge=1, le=3660, description="Days of the measurement assets one backfill run covers (BackfillPolicy)."
     )
+
+    # Unattended operation: queue health thresholds (asset checks on the queue observations), alerts, links.
+    health_due_lag_warn_seconds: float = Field(
+        300.0,
+        ge=1,
+        le=604_800,
+        allow_inf_nan=False,
+        description="Queue health check WARNs when the oldest due execution or queued agent run waits this long.",
+    )
+    health_due_lag_error_seconds: float = Field(
+        1800.0,
+        ge=1,
+        le=604_800,
+        allow_inf_nan=False,
+        description="Queue health check is at ERROR (and alerts) when the oldest due row waits this long.",
+    )
+    health_failed_last_hour_warn: int = Field(
+        1, ge=1, le=1_000_000, description="Queue health check WARNs at this many rows FAILED in the last hour."
+    )
+    health_failed_last_hour_error: int = Field(
+        20,
+        ge=1,
+        le=1_000_000,
+        description="Queue health check is at ERROR (and alerts) at this many rows FAILED in the last hour.",
+    )
+    alert_webhook_url: str | None = Field(
+        None,
+        description="Slack-compatible incoming webhook for alerts (failed runs, queue checks at ERROR); off when unset.",
+    )
+    dagster_ui_url: str | None = Field(
+        None, description="Base URL of the Dagster UI, for links to runs (e.g. http://127.0.0.1:3000)."
+    )
+
+    @field_validator("health_due_lag_error_seconds", "health_failed_last_hour_error")
+    @classmethod
+    def _error_not_below_warn(cls, value: float, info: ValidationInfo) -> float:
+        warn = info.data.get(str(info.field_name).replace("_error", "_warn"))
+        if warn is not None and value < warn:
+            raise ValueError(f"must be at least the WARN threshold ({warn:g})")
+        return value
 
     @field_validator("webhook_allow_networks", mode="before")
     @classmethod

@@ -69,6 +69,8 @@ marketing_execution = sa.Table(
         sqlite_where=sa.text("status = 'RUNNING'"),
     ),
     sa.Index("ix_marketing_execution_campaign", "campaign_id", "due_at"),
+    # Queue health: finished in the last hour, by status.
+    sa.Index("ix_marketing_execution_finished", "status", "finished_at"),
 )
 
 ATTEMPT_OUTCOMES = ("SUCCEEDED", "RESCHEDULED", "FAILED", "CANCELLED", "LEASE_EXPIRED", "LEASE_LOST")
@@ -84,11 +86,14 @@ marketing_execution_attempt = sa.Table(
     sa.Column("outcome", sa.String(16), nullable=True, comment="NULL while the attempt runs"),
     sa.Column("error", sa.Text, nullable=True),
     sa.CheckConstraint(f"outcome IS NULL OR outcome IN {ATTEMPT_OUTCOMES!r}", name="outcome"),
+    # A run's executions: a batch run carries no tag per execution, its attempts name it.
+    sa.Index("ix_marketing_execution_attempt_run", "run_id"),
 )
 
 # --- users, permissions and the agent-run queue ----------------------------------------------
 
-AGENT_RUN_STATUSES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED")
+# REFUSED: the request was refused when it was made (e.g. no permission); kept so it leaves a trace.
+AGENT_RUN_STATUSES = ("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "REFUSED")
 ALL_CAMPAIGNS = "*"
 
 app_user = sa.Table(
@@ -153,6 +158,7 @@ agent_run = sa.Table(
         sqlite_where=sa.text("status = 'RUNNING'"),
     ),
     sa.Index("ix_agent_run_requested_by", "requested_by", "requested_at"),
+    sa.Index("ix_agent_run_finished", "status", "finished_at"),
 )
 
 agent_run_step = sa.Table(
