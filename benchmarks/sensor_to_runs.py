@@ -67,7 +67,7 @@ def _run(url: str, executions: int, batch: int, per_run: int, mode: str) -> tupl
                 break
             for request in requests:
                 instance.create_run_for_job(job_def=job, run_config=request.run_config, tags=request.tags)
-                created += len(executions_of_run(request.tags))
+                created += len(executions_of_run(request.run_config))
         elapsed = time.perf_counter() - began
     return created / elapsed, ticks, created
 

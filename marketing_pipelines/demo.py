@@ -352,7 +352,7 @@ def _drain(
                     resources=resources,
                     raise_on_error=False,
                 )
-                executions = sorted(executions_of_run(request.tags))
+                executions = sorted(executions_of_run(request.run_config))
                 what = f"executions {executions}" if executions else f"agent run {request.tags.get(TAG_AGENT_RUN_ID)}"
                 echo(f"        run {result_run.run_id[:8]} {'SUCCESS' if result_run.success else 'FAILURE'} ({what})")
                 launched += 1

@@ -56,7 +56,7 @@ mutation ($selector: SensorSelector!, $cursor: String) {
     ... on Error { message }
     ... on DryRunInstigationTick {
       evaluationResult {
-        runRequests { runKey tags { key value } }
+        runRequests { runKey tags { key value } runConfigYaml }
         skipReason
         error { message stack }
       }
@@ -102,11 +102,24 @@ def replica_workspace(path: Path) -> list[tuple[str, int]]:
     return [(e["grpc_server"]["location_name"], e["grpc_server"]["port"]) for e in entries]
 
 
+@dataclass(frozen=True)
+class Launched:
+    """One run request as the dry run returned it: its tags and the executions in its run config."""
+
+    tags: dict[str, str]
+    executions: list[int]
+
+    @classmethod
+    def of(cls, request: dict[str, Any]) -> Launched:
+        run_config = yaml.safe_load(request["runConfigYaml"]) or {}
+        return cls({t["key"]: t["value"] for t in request["tags"]}, executions_of_run(run_config))
+
+
 @dataclass
 class Replica:
     location: str
     webserver: str
-    batches: list[list[dict[str, str]]] = field(default_factory=list)
+    batches: list[list[Launched]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     skips: list[str] = field(default_factory=list)
 
@@ -138,7 +151,7 @@ class Replica:
                     return
                 requests = result["runRequests"] or []
                 if requests:
-                    self.batches.append([{t["key"]: t["value"] for t in r["tags"]} for r in requests])
+                    self.batches.append([Launched.of(r) for r in requests])
                 else:
                     self.skips.append(result["skipReason"] or "")
                     return
@@ -213,20 +226,20 @@ def test_two_code_server_replicas_launch_each_due_execution_exactly_once(
         _assert_alive(children)
 
     assert [r.errors for r in replicas] == [[]] * REPLICAS, "\n".join(e for r in replicas for e in r.errors)
-    requests = [tags for r in replicas for batch in r.batches for tags in batch]
-    launched = [i for tags in requests for i in executions_of_run(tags)]
+    requests = [launched for r in replicas for batch in r.batches for launched in batch]
+    launched = [i for request in requests for i in request.executions]
     assert len(launched) == len(set(launched)), "an execution was launched twice"
     assert set(launched) == due_ids
-    per_tick = [sum(len(executions_of_run(tags)) for tags in batch) for r in replicas for batch in r.batches]
+    per_tick = [sum(len(request.executions) for request in batch) for r in replicas for batch in r.batches]
     assert all(n <= BATCH_SIZE for n in per_tick)
-    assert all(len(executions_of_run(tags)) <= PER_RUN for tags in requests)
-    claimed = {r.location: sum(len(executions_of_run(t)) for b in r.batches for t in b) for r in replicas}
+    assert all(len(request.executions) <= PER_RUN for request in requests)
+    claimed = {r.location: sum(len(request.executions) for b in r.batches for request in b) for r in replicas}
     assert all(claimed.values()), f"a replica claimed nothing: {claimed}"
     assert all(s.startswith("Nothing due") for r in replicas for s in r.skips)
     # The database agrees with the run requests: each row is leased to the claim that launched it.
     with engine.connect() as conn:
         leases = dict(conn.execute(sa.select(marketing_execution.c.id, marketing_execution.c.lease_owner)).all())
-    assert leases == {i: tags[TAG_CLAIMED_BY] for tags in requests for i in executions_of_run(tags)}
+    assert leases == {i: request.tags[TAG_CLAIMED_BY] for request in requests for i in request.executions}
 
 
 def _assert_alive(children: list[Child]) -> None:

@@ -86,8 +86,9 @@ def reconcile_agent_run(engine: sa.Engine, run: dg.DagsterRun, outcome: str, rea
     if agent_run_id is None or not agent_run_id.isdigit():
         return None
     # An agent run keeps its place in the queue: its retry is due at once.
-    held = {int(agent_run_id): int(run.tags.get(TAG_ATTEMPT, "1") or 1)}
-    statuses = reconcile_run(engine, AGENT_RUNS, run, held, outcome, reason, retry_delay_seconds=lambda _: 0)
+    statuses = reconcile_run(
+        engine, AGENT_RUNS, run, [int(agent_run_id)], outcome, reason, retry_delay_seconds=lambda _: 0
+    )
     return next(iter(statuses), None)
 
 

@@ -8,7 +8,7 @@ take-over at the top of an op, and the reconciliation of a run that ended withou
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from marketing_pipelines.db.lease import (
     CANCELLED,
+    RUNNING,
     LeaseQueue,
     Recovery,
     claim_batch,
@@ -129,24 +130,25 @@ def reconcile_run(
     engine: sa.Engine,
     queue: LeaseQueue,
     run: dg.DagsterRun,
-    held: Mapping[int, int],
+    row_ids: Sequence[int],
     outcome: str,
     reason: str,
     *,
     retry_delay_seconds: Callable[[int], float],
     on_status: Callable[[sa.Connection, int, int, str], None] | None = None,
 ) -> dict[str, int]:
-    """Record the outcome of each row (``{id: attempt}``) a run held when it ended without recording one.
+    """Record the outcome of each row a run was launched for and still holds, when it ended without recording one.
 
     Each row is fenced on its own by the run's lease owner (or the sensor's claim, when the run died
     before taking it over) and by run id: rows the run already finished, or that another attempt owns
     by now, are left alone. ``outcome`` CANCELLED ends a row CANCELLED; anything else retries it
-    (or fails it after its last attempt). Returns how many rows got which new status.
+    (or fails it after its last attempt). ``on_status`` gets each changed row's id, its attempt (read
+    from the row, so no run tag has to carry it) and new status. Returns how many rows got which status.
     """
     owners = [run_owner(run.run_id), run.tags.get(TAG_CLAIMED_BY, "")]
     statuses: dict[str, int] = {}
     with engine.begin() as conn:
-        for row_id, attempt in sorted(held.items()):
+        for row_id, attempt in held_rows(conn, queue, row_ids, owners):
             if outcome == CANCELLED:
                 done = finish(conn, queue, row_id, owners, CANCELLED, {queue.error_column: reason})
                 status = CANCELLED if done else None
@@ -158,3 +160,21 @@ def reconcile_run(
                     on_status(conn, row_id, attempt, status)
                 statuses[status] = statuses.get(status, 0) + 1
     return statuses
+
+
+def held_rows(
+    conn: sa.Connection, queue: LeaseQueue, row_ids: Sequence[int], owners: Sequence[str]
+) -> list[tuple[int, int]]:
+    """``(id, attempt)`` of the rows among ``row_ids`` still RUNNING under one of ``owners``, by id.
+
+    Only a hint of what to reconcile: each write that follows is fenced again on its own.
+    """
+    if not row_ids:
+        return []
+    t = queue.table
+    query = (
+        sa.select(t.c.id, t.c.attempts)
+        .where(t.c.id.in_(list(row_ids)), t.c.status == RUNNING, t.c.lease_owner.in_([o for o in owners if o]))
+        .order_by(t.c.id)
+    )
+    return [(row.id, row.attempts) for row in conn.execute(query)]

@@ -239,7 +239,40 @@ def perform_executions(
     metadata: dict[str, Any] = {kind.lower(): dg.MetadataValue.int(n) for kind, n in counts.items()}
     if outcomes:
         metadata["executions"] = _outcome_table(outcomes)
+    if not rows and ids:
+        context.log.info(
+            f"This run owns none of its {len(ids)} execution(s) (e.g. a re-execution of finished work) and did "
+            "nothing; `marketing-pipelines executions retry ID` runs a failed or cancelled execution again."
+        )
+    failed = [o for o in outcomes if o.outcome == "FAILED"]
+    if failed:
+        # Every outcome is recorded by now: failing the run changes no row (the run-failure sensor's
+        # reconciliation is fenced by status and owner), it makes the failure show where Dagster users
+        # look: the run's status, the Runs page's "Failed" filter, run-failure sensors and alerts.
+        raise dg.Failure(description=failure_description(failed, len(outcomes)), metadata=metadata)
+    if counts.get("RESCHEDULED"):
+        context.log.warning(
+            f"{counts['RESCHEDULED']} execution(s) failed an attempt and are rescheduled; the run succeeds because "
+            "a retry is coming (an execution that fails its last attempt fails its run)."
+        )
     return dg.Output(counts, metadata=metadata)
+
+
+# How many failed executions a run's failure message names; the outcome table lists them all.
+FAILURE_MESSAGE_EXECUTIONS = 20
+
+
+def failure_description(failed: Sequence[ExecutionOutcome], total: int) -> str:
+    """The run's failure message: which executions FAILED (id, campaign, reason), reasons redacted."""
+    lines = [
+        f"{o.execution_id} ({o.campaign_id}/{o.stage}, {o.action}, attempt {o.attempt}): {redact_urls(o.detail)[:300]}"
+        for o in failed[:FAILURE_MESSAGE_EXECUTIONS]
+    ]
+    more = len(failed) - len(lines)
+    if more:
+        lines.append(f"... and {more} more (the outcome table lists every execution)")
+    head = f"{len(failed)} of {total} execution(s) FAILED (attempts exhausted or refused); the others' outcomes stand:"
+    return "\n".join([head, *(f"- {line}" for line in lines)])
 
 
 @dg.job(

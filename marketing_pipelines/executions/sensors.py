@@ -6,6 +6,7 @@
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
@@ -24,32 +25,26 @@ from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.redact import redact_urls
 from marketing_pipelines.settings import current_settings
 
-# One tag per execution, `marketing/execution_id.<id>` = attempt: a run holds many executions and a
-# tag key holds one value, so the id goes in the key (after a dot: Dagster allows one "/" in a key).
-# Filter the runs list by that key to find the run(s) of an execution; the value tells the attempt.
-TAG_EXECUTION_PREFIX = "marketing/execution_id."
-# Runs of a single execution (MARKETING_EXECUTIONS_PER_RUN=1, or a lone due row) also carry the
-# plain tag, as every run did before batching.
-TAG_EXECUTION_ID = "marketing/execution_id"
+# Runs carry a small, fixed set of tag keys, the same for one execution or 250: how many executions,
+# which campaigns, who claimed them. No key per execution: every distinct key is a row in the
+# instance's tag-key index and a suggestion in the UI's run filter, so a key per execution would grow
+# both without bound. An execution's runs are found through its attempt history (`executions show`,
+# which links each attempt to its run), and a run's executions through its config and outcome table.
 TAG_CAMPAIGNS = "marketing/campaigns"  # every campaign of the run, comma-separated
 TAG_EXECUTIONS = "marketing/executions"  # how many executions the run performs
+# A tag value is shown whole in the UI's run list: past this, the campaigns tag says how many there are.
+CAMPAIGNS_TAG_MAX = 200
 
 
-def execution_tag(execution_id: int) -> str:
-    return f"{TAG_EXECUTION_PREFIX}{execution_id}"
+def executions_of_run(run_config: Mapping[str, Any]) -> list[int]:
+    """The executions a run (or run request) was launched for, from its run config."""
+    config = run_config.get("ops", {}).get(OP_NAME, {}).get("config", {})
+    return [int(i) for i in config.get("execution_ids", [])]
 
 
-def executions_of_run(tags: Mapping[str, str]) -> dict[int, int]:
-    """The executions a run was launched for, as ``{execution_id: attempt}``, from its tags."""
-    found = {
-        int(key[len(TAG_EXECUTION_PREFIX) :]): int(value)
-        for key, value in tags.items()
-        if key.startswith(TAG_EXECUTION_PREFIX) and key[len(TAG_EXECUTION_PREFIX) :].isdigit() and value.isdigit()
-    }
-    # Runs launched before batching carried one execution as marketing/execution_id + marketing/attempt.
-    if not found and tags.get(TAG_EXECUTION_ID, "").isdigit():
-        found[int(tags[TAG_EXECUTION_ID])] = int(tags.get("marketing/attempt", "1") or 1)
-    return found
+def _campaigns_tag(campaigns: set[str]) -> str:
+    text = ",".join(sorted(campaigns))
+    return text if len(text) <= CAMPAIGNS_TAG_MAX else f"{len(campaigns)} campaigns"
 
 
 def batch_run_request(rows: Sequence[sa.RowMapping], claimed_by: str) -> dg.RunRequest:
@@ -62,14 +57,11 @@ def batch_run_request(rows: Sequence[sa.RowMapping], claimed_by: str) -> dg.RunR
     tags = {
         TAG_EXECUTIONS: str(len(rows)),
         TAG_CLAIMED_BY: claimed_by,
-        **{execution_tag(i): str(a) for i, a in pairs},
-        TAG_CAMPAIGNS: ",".join(sorted(campaigns)),
+        TAG_CAMPAIGNS: _campaigns_tag(campaigns),
     }
     if len(campaigns) == 1:
         # Campaign slugs are up to 64 characters, longer than a tag key's section may be: values only.
         tags[TAG_CAMPAIGN_ID] = rows[0]["campaign_id"]
-    if len(rows) == 1:
-        tags[TAG_EXECUTION_ID] = str(rows[0]["id"])
     return dg.RunRequest(
         run_key=f"executions:{pairs[0][0]}:{pairs[0][1]}:{len(pairs)}:{digest}",
         job_name=marketing_execution_job.name,
@@ -146,7 +138,7 @@ def reconcile_execution_run(
         engine,
         EXECUTIONS,
         run,
-        executions_of_run(run.tags),
+        executions_of_run(run.run_config),
         outcome,
         reason,
         retry_delay_seconds=retry_delay_seconds,

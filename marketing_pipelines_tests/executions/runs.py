@@ -55,8 +55,21 @@ def perform(
     )
 
 
+def outcome_metadata(result: dg.ExecuteInProcessResult) -> dict[str, dg.MetadataValue]:
+    """The op's metadata as the UI shows it: on its output, or on its failure when an execution FAILED."""
+    for event in result.all_node_events:
+        if event.step_key != OP_NAME:
+            continue
+        if event.event_type_value == "STEP_OUTPUT":
+            return dict(event.step_output_data.metadata)
+        if event.event_type_value == "STEP_FAILURE":
+            failure = event.step_failure_data.user_failure_data
+            assert failure is not None, "the op failed without recording its outcomes"
+            return dict(failure.metadata)
+    raise AssertionError("the op neither produced an output nor failed")
+
+
 def outcomes(result: dg.ExecuteInProcessResult) -> dict[int, str]:
     """The run's outcome table, as {execution_id: outcome}: what the UI shows for the run."""
-    [output] = [e for e in result.all_node_events if e.event_type_value == "STEP_OUTPUT" and e.step_key == OP_NAME]
-    table = output.step_output_data.metadata["executions"]
+    table = outcome_metadata(result)["executions"]
     return {record.data["execution_id"]: record.data["outcome"] for record in table.records}

@@ -47,7 +47,7 @@ def _sensor_worker(db_url: str, start: Any, out: Any) -> None:
         result = due_executions_sensor(context)
         requests = result.run_requests if isinstance(result, dg.SensorResult) else []
         # Each claimed row goes into exactly one run of the tick: runs hold disjoint batches.
-        claimed += [i for r in requests or [] for i in executions_of_run(r.tags)]
+        claimed += [i for r in requests or [] for i in executions_of_run(r.run_config)]
         empty_ticks = 0 if requests else empty_ticks + 1
         # Ticks are never back to back (the daemon spaces them by seconds). Without a pause, SQLite's lock,
         # which is not fair, can go to the same process tick after tick on a busy machine and leave the

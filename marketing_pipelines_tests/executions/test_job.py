@@ -85,10 +85,7 @@ def test_webhook_succeeds_once_with_idempotency_key(
 ) -> None:
     [execution_id] = _schedule(engine, hook.url)
     [request] = _tick(db_url, instance)
-    assert executions_of_run(request.tags) == {execution_id: 1}
-    # A lone execution's run also carries the plain tag, as runs did before batching.
-    assert request.tags["marketing/execution_id"] == str(execution_id)
-    assert request.tags[f"marketing/execution_id.{execution_id}"] == "1"
+    assert executions_of_run(request.run_config) == [execution_id]
     assert request.tags["marketing/campaign_id"] == "spring-launch"
     result = perform(request, db_url, instance)
     assert result.success
@@ -111,18 +108,17 @@ def test_sensor_groups_a_tick_into_runs_of_executions_per_run(
     ids = _schedule(engine, hook.url, n=10)
     requests = _tick(db_url, instance, ExecutionSettings(executions_per_run=4))
     # Due order is kept: the longest-waiting executions go first, in runs of at most 4.
-    assert [sorted(executions_of_run(r.tags)) for r in requests] == [ids[0:4], ids[4:8], ids[8:10]]
+    assert [executions_of_run(r.run_config) for r in requests] == [ids[0:4], ids[4:8], ids[8:10]]
     assert [r.tags["marketing/executions"] for r in requests] == ["4", "4", "2"]
     assert len({r.run_key for r in requests}) == 3
-    assert all("marketing/execution_id" not in r.tags for r in requests)  # several executions: per-id tags only
     assert all(r.tags["marketing/campaigns"] == "spring-launch" for r in requests)
     results = [perform(r, db_url, instance) for r in requests]
     assert all(r.success for r in results)
     assert Counter(r.headers["idempotency-key"] for r in hook.received) == {f"marketing-execution-{i}": 1 for i in ids}
     assert {_row(engine, i)["run_id"] for i in ids} == {r.run_id for r in results}
-    # The UI's run filter finds the run of one execution by its tag (key with the id, value the attempt).
-    found = instance.get_runs(dg.RunsFilter(tags={f"marketing/execution_id.{ids[5]}": "1"}))
-    assert [run.run_id for run in found] == [results[1].run_id]
+    # An execution's run is found through its attempt history, not a run tag per execution.
+    with engine.connect() as conn:
+        assert [a["run_id"] for a in list_attempts(conn, ids[5])] == [results[1].run_id]
 
 
 def test_one_failing_webhook_costs_the_others_nothing(
@@ -168,7 +164,8 @@ def test_http_500_reschedules_with_backoff_then_fails_at_max_attempts(
     with engine.begin() as conn:
         conn.execute(sa.update(t).values(due_at=datetime.now(UTC) - timedelta(seconds=1)))
     [retry] = _tick(db_url, instance)
-    assert executions_of_run(retry.tags) == {execution_id: 2}
+    assert executions_of_run(retry.run_config) == [execution_id]
+    assert _row(engine, execution_id)["attempts"] == 2
     assert retry.run_key != request.run_key
     assert outcomes(perform(retry, db_url, instance, settings=BACKING_OFF)) == {execution_id: "FAILED"}
     assert _row(engine, execution_id)["status"] == "FAILED"
@@ -212,7 +209,8 @@ def test_run_started_after_its_claim_was_reclaimed_does_nothing(
     with engine.begin() as conn:  # the claim's lease runs out before its run starts
         conn.execute(sa.update(t).values(lease_expires_at=datetime.now(UTC) - timedelta(seconds=1)))
     [fresh] = _tick(db_url, instance)
-    assert executions_of_run(fresh.tags) == {execution_id: 2}
+    assert executions_of_run(fresh.run_config) == [execution_id]
+    assert _row(engine, execution_id)["attempts"] == 2
     stale_result = perform(stale, db_url, instance)
     assert stale_result.success and outcomes(stale_result) == {execution_id: "SKIPPED"}
     assert hook.received == []

@@ -87,7 +87,7 @@ def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(db_url: str
                 for i in range(N)
             ]
         [request] = _tick(db_url)
-        assert sorted(executions_of_run(request.tags)) == ids
+        assert executions_of_run(request.run_config) == ids
 
         worker = mp.get_context("spawn").Process(
             target=_worker, args=(db_url, dict(request.run_config), dict(request.tags))
@@ -113,7 +113,9 @@ def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(db_url: str
         assert _tick(db_url) == []
         time.sleep(LEASE_SECONDS + 1)
         [retry] = _tick(db_url)
-        assert executions_of_run(retry.tags) == {i: 2 for i in ids[2:]}
+        assert executions_of_run(retry.run_config) == ids[2:]
+        with engine.connect() as conn:
+            assert [get_execution(conn, i)["attempts"] for i in ids[2:]] == [2, 2, 2]  # type: ignore[index]
         with dg.DagsterInstance.ephemeral() as instance:
             result = perform(retry, db_url, instance, settings=SHORT_LEASE)
         assert result.success
