@@ -32,10 +32,10 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.queue import list_executions, schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.sensors import executions_of_run
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.measurement.demo import run_measurement_demo
 from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings, load_settings
 

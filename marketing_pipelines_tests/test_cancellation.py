@@ -25,9 +25,9 @@ from marketing_pipelines.agents.sensors import (
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.egress import EgressPolicy, parse_networks
-from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
 from marketing_pipelines.executions.sensors import due_executions_sensor
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Received, webhook_server

@@ -15,7 +15,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from marketing_pipelines.agents.providers import ToolSpec
+from marketing_pipelines.agents.providers.types import ToolSpec
 from marketing_pipelines.db.campaigns import get_campaign
 from marketing_pipelines.errors import InvalidInput
 

@@ -15,15 +15,11 @@ from typing import Any
 
 import dagster as dg
 
-from marketing_pipelines.agents.providers import (
-    PROVIDERS,
-    AnthropicModel,
-    ModelProvider,
-    OfflineModel,
-    OpenAIModel,
-    provider_resources_from_env,
-    provider_spec,
-)
+from marketing_pipelines.agents.providers.anthropic import AnthropicModel
+from marketing_pipelines.agents.providers.offline import OfflineModel
+from marketing_pipelines.agents.providers.openai import OpenAIModel
+from marketing_pipelines.agents.providers.registry import PROVIDERS, provider_resources_from_env, provider_spec
+from marketing_pipelines.agents.providers.types import ModelProvider
 from marketing_pipelines.http import ServiceError
 
 MODELS_RESOURCE_KEY = "models"
@@ -51,8 +47,12 @@ class ModelGateway(dg.ConfigurableResource):
             raise ServiceError(name, "unknown model provider")
         resource = getattr(self, spec.name)
         if not resource.is_configured():
+            # The key is bound when the code location loads (dg.EnvVar, only if set): setting it
+            # afterwards changes nothing until a reload.
             raise ServiceError(
-                name, f"not configured: set {spec.api_key_env} where the code location loads and the runs execute"
+                name,
+                f"not configured: set {spec.api_key_env} where the code location loads and the runs execute, "
+                "then reload the code location",
             )
         return resource
 

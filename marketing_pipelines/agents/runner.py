@@ -18,7 +18,7 @@ import jsonschema
 import sqlalchemy as sa
 
 from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, ToolCallContext
-from marketing_pipelines.agents.providers import ModelProvider, ToolCall
+from marketing_pipelines.agents.providers.types import ModelProvider, ToolCall
 from marketing_pipelines.agents.queue import Transcript, json_safe
 from marketing_pipelines.agents.users import Grant, authorize
 from marketing_pipelines.errors import InvalidInput

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -12,9 +14,8 @@ import click
 import sqlalchemy as sa
 
 from marketing_pipelines.db.engine import DatabaseUnavailable, get_engine
-from marketing_pipelines.db.migrate import SchemaNotReady, ensure_schema_current
+from marketing_pipelines.db.schema_version import SchemaNotReady, ensure_schema_current
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.http import ServiceError
 from marketing_pipelines.settings import Settings, SettingsError, load_settings
 
 KNOWN_ERRORS: tuple[type[Exception], ...] = (
@@ -22,7 +23,6 @@ KNOWN_ERRORS: tuple[type[Exception], ...] = (
     SchemaNotReady,
     DatabaseUnavailable,
     SettingsError,
-    ServiceError,
 )
 
 
@@ -34,6 +34,40 @@ class FriendlyGroup(click.Group):
             return super().invoke(ctx)
         except KNOWN_ERRORS as exc:
             raise click.ClickException(str(exc)) from None
+        except Exception as exc:
+            if is_service_error(exc):
+                raise click.ClickException(str(exc)) from None
+            raise
+
+
+class LazyGroup(FriendlyGroup):
+    """A group whose commands are imported when one is invoked or help lists them, not when the CLI starts.
+
+    ``lazy_commands`` maps each command's name to ``"module:attribute"``: ``executions list`` then loads
+    the executions module alone, not every group and what each of them imports.
+    """
+
+    def __init__(self, *args: Any, lazy_commands: Mapping[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = dict(lazy_commands)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy_commands and cmd_name not in self.commands:
+            module, attribute = self.lazy_commands[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+def is_service_error(exc: Exception) -> bool:
+    """Whether ``exc`` is an ``http.ServiceError``, without importing ``http`` (and httpx, 0.2 s) to ask.
+
+    Only commands that call an outside service load ``http``; if it is not loaded, nothing raised one.
+    """
+    http = sys.modules.get("marketing_pipelines.http")
+    return http is not None and isinstance(exc, http.ServiceError)
 
 
 def settings() -> Settings:

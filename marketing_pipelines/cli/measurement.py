@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from marketing_pipelines.cli.common import FriendlyGroup, emit_rows, engine, json_option, ready_conn, settings
-from marketing_pipelines.db.migrate import ensure_schema_current
+from marketing_pipelines.db.schema_version import ensure_schema_current
 
 
 @click.group(cls=FriendlyGroup)

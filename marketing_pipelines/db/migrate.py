@@ -1,7 +1,8 @@
 """Alembic migrations, applied programmatically (``marketing-pipelines db upgrade``).
 
-Every command that needs the schema calls ``ensure_schema_current`` first, so a missing or
-outdated schema is one clear line that names the fix rather than a "no such table" trace.
+Every command that needs the schema calls ``schema_version.ensure_schema_current`` first, so a missing
+or outdated schema is one clear line that names the fix rather than a "no such table" trace; that
+check asks Alembic (``schema_problem``) only when the schema is not current.
 """
 
 from __future__ import annotations
@@ -17,15 +18,6 @@ from alembic.script import ScriptDirectory
 from marketing_pipelines.db.engine import check_connection, create_sqlite_folder, sqlite_path
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-
-
-# URLs whose schema was found current in this process; a schema never moves backwards under a
-# running process, so sensors ticking every few seconds need not ask Alembic each time.
-_VERIFIED: set[str] = set()
-
-
-class SchemaNotReady(RuntimeError):
-    """The application database has no schema, or an older one than this code needs."""
 
 
 def alembic_config() -> Config:
@@ -57,24 +49,18 @@ def upgrade(engine: sa.Engine, revision: str = "head") -> None:
         command.upgrade(config, revision)
 
 
-def ensure_schema_current(engine: sa.Engine) -> None:
-    key = engine.url.render_as_string(hide_password=False)
-    if key in _VERIFIED:
-        return
-    check_connection(engine)
+def schema_problem(engine: sa.Engine) -> str | None:
+    """Why the schema is not the code's head (empty, behind, or newer than this code), or None when it is."""
     current, head = current_revision(engine), head_revision()
     if current == head:
-        _VERIFIED.add(key)
-        return
+        return None
     where = engine.url.render_as_string(hide_password=True)
     if current is None:
-        raise SchemaNotReady(f"the database at {where} has no schema yet: run `marketing-pipelines db upgrade`")
+        return f"the database at {where} has no schema yet: run `marketing-pipelines db upgrade`"
     known = {rev.revision for rev in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
     if current not in known:
-        raise SchemaNotReady(
+        return (
             f"the database at {where} is at revision {current}, newer than this code knows (head {head}): "
             "upgrade marketing-pipelines"
         )
-    raise SchemaNotReady(
-        f"the database at {where} is at revision {current}, behind {head}: run `marketing-pipelines db upgrade`"
-    )
+    return f"the database at {where} is at revision {current}, behind {head}: run `marketing-pipelines db upgrade`"

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 from pydantic import Field
 
 from marketing_pipelines.db.engine import DatabaseUnavailable, get_engine
-from marketing_pipelines.db.migrate import SchemaNotReady, ensure_schema_current
+from marketing_pipelines.db.schema_version import SchemaNotReady, ensure_schema_current
 from marketing_pipelines.settings import default_database_url, env_name, env_var_if_set
 
 DATABASE_URL_ENV = env_name("database_url")

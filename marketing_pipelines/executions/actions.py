@@ -1,28 +1,28 @@
 """The actions an execution can perform, as a small registry.
 
 Each action validates its payload when the execution is *scheduled* (bad input is refused
-before anything is accepted) and runs it when the execution is due.
+before anything is accepted) and runs it when the execution is due. Validating imports neither
+Dagster nor httpx (``executions schedule`` answers in a fraction of a second); running a webhook
+uses ``webhook.WebhookClient``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlsplit
 
-import dagster as dg
-import httpx
-from pydantic import Field, field_validator
-
-from marketing_pipelines.egress import ALLOW_SETTING, EgressPolicy, EgressRefused, parse_networks
+from marketing_pipelines.egress import EgressPolicy, EgressRefused, parse_networks
 from marketing_pipelines.redact import redact_url, redact_urls
-from marketing_pipelines.settings import Settings, current_settings, setting_field
+from marketing_pipelines.settings import Settings, current_settings
 
-# What a webhook response may cost us: enough of an error body to quote 200 characters.
-MAX_RESPONSE_BYTES = 8 * 1024
+if TYPE_CHECKING:
+    import dagster as dg
+
+    from marketing_pipelines.executions.webhook import WebhookClient
+
 # Headers the action sets itself; a payload may not replace them (Host would also undo the
 # pinning of the checked address).
 RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "idempotency-key", "marketing-attempt"})
@@ -57,74 +57,6 @@ class ActionContext:
         # before recording SUCCEEDED, then a second attempt after lease expiry). The attempt
         # travels in its own header.
         return f"marketing-execution-{self.execution_id}"
-
-
-@dataclass(frozen=True)
-class WebhookResponse:
-    status_code: int
-    text: str  # at most MAX_RESPONSE_BYTES of the body, decoded leniently
-
-
-class WebhookClient(dg.ConfigurableResource):
-    """HTTP client of the ``webhook`` action.
-
-    ``timeout_s`` bounds the whole request (connect, send, headers and body), not each read: a
-    receiver dripping one byte a second cannot hold a run. Only ``MAX_RESPONSE_BYTES`` of the
-    response are read. Destinations follow the egress policy (``egress.py``);
-    ``allow_networks`` are the CIDRs an operator allows beyond public addresses.
-    """
-
-    timeout_s: float = setting_field("webhook_timeout_seconds")
-    allow_networks: list[str] = Field(
-        default=[],
-        description="CIDRs webhooks may reach beyond public addresses (loopback, private); never link-local. "
-        f"Env var: {ALLOW_SETTING}.",
-    )
-    concurrency: int = setting_field("webhook_concurrency")
-
-    @field_validator("allow_networks")
-    @classmethod
-    def _networks(cls, value: list[str]) -> list[str]:
-        return [str(network) for network in parse_networks(value)]
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> WebhookClient:
-        return cls(
-            timeout_s=settings.webhook_timeout_seconds,
-            allow_networks=list(settings.webhook_allow_networks),
-            concurrency=settings.webhook_concurrency,
-        )
-
-    def policy(self) -> EgressPolicy:
-        return EgressPolicy(parse_networks(self.allow_networks))
-
-    def post(self, url: str, body: Any, headers: Mapping[str, str]) -> WebhookResponse:
-        parts = urlsplit(url)
-        host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
-        address = self.policy().resolve(host, port)  # raises EgressRefused / OSError
-        # Connect to the address that was checked; Host and the TLS server name keep the name.
-        ip_host = f"[{address}]" if address.version == 6 else str(address)
-        pinned = urlunsplit((parts.scheme, f"{ip_host}:{port}", parts.path or "/", parts.query, ""))
-        named = f"[{host}]" if ":" in host else host  # an IPv6 literal keeps its brackets in Host
-        host_header = named if parts.port is None else f"{named}:{parts.port}"
-        extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
-        request_headers = {**headers, "Host": host_header}
-        return asyncio.run(self._post(pinned, body, request_headers, extensions))
-
-    async def _post(
-        self, url: str, body: Any, headers: Mapping[str, str], extensions: dict[str, Any]
-    ) -> WebhookResponse:
-        async with (
-            asyncio.timeout(self.timeout_s),
-            httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as client,
-            client.stream("POST", url, json=body, headers=dict(headers), extensions=extensions) as response,
-        ):
-            received = bytearray()
-            async for chunk in response.aiter_bytes():
-                received += chunk[: MAX_RESPONSE_BYTES - len(received)]
-                if len(received) >= MAX_RESPONSE_BYTES:
-                    break  # closing the stream drops the rest unread
-            return WebhookResponse(response.status_code, received.decode("utf-8", errors="replace"))
 
 
 class Action(Protocol):
@@ -192,6 +124,10 @@ class WebhookAction:
             "Idempotency-Key": ctx.idempotency_key,
             ATTEMPT_HEADER: str(ctx.attempt),
         }
+        # Deferred: httpx takes 0.2 s to import, which scheduling (validate) should not pay; a run that
+        # gets here holds a WebhookClient, which has imported it already.
+        import httpx
+
         try:
             response = webhook.post(url, payload.get("body", {}), headers)
         except EgressRefused as exc:

@@ -2,7 +2,6 @@
 
 import dagster as dg
 
-from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.sensors import (
@@ -10,6 +9,7 @@ from marketing_pipelines.executions.sensors import (
     execution_run_canceled_sensor,
     execution_run_failure_sensor,
 )
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.settings import current_settings
 
 defs = dg.Definitions(

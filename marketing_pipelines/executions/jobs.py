@@ -26,7 +26,6 @@ from marketing_pipelines.executions.actions import (
     ActionContext,
     ActionFailed,
     ActionRefused,
-    WebhookClient,
     get_action,
 )
 from marketing_pipelines.executions.queue import (
@@ -37,6 +36,7 @@ from marketing_pipelines.executions.queue import (
     start_attempts,
 )
 from marketing_pipelines.executions.resources import ExecutionSettings
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.redact import redact_urls
 
 OP_NAME = "perform_executions"

@@ -14,7 +14,8 @@ import sqlalchemy as sa
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.models import ModelGateway
-from marketing_pipelines.agents.providers import AnthropicModel, ModelProvider
+from marketing_pipelines.agents.providers.anthropic import AnthropicModel
+from marketing_pipelines.agents.providers.types import ModelProvider
 from marketing_pipelines.agents.queue import get_agent_run, request_agent_run, transcript
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import queued_agent_runs_sensor

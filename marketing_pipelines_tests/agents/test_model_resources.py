@@ -16,14 +16,10 @@ import pytest
 
 from marketing_pipelines import settings
 from marketing_pipelines.agents.models import ModelGateway, model_resources
-from marketing_pipelines.agents.providers import (
-    PROVIDER_NAMES,
-    PROVIDERS,
-    AnthropicModel,
-    OfflineModel,
-    OpenAIModel,
-    provider_spec,
-)
+from marketing_pipelines.agents.providers.anthropic import AnthropicModel
+from marketing_pipelines.agents.providers.offline import OfflineModel
+from marketing_pipelines.agents.providers.openai import OpenAIModel
+from marketing_pipelines.agents.providers.registry import PROVIDER_NAMES, PROVIDERS, provider_spec
 from marketing_pipelines.agents.queue import configured_provider_problem
 from marketing_pipelines.http import ServiceError
 from marketing_pipelines_tests.agents.test_providers import OPENAI_TEXT, SYSTEM

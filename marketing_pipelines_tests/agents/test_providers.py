@@ -8,16 +8,11 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from marketing_pipelines.agents.providers import (
-    PROVIDER_NAMES,
-    AnthropicModel,
-    ModelProvider,
-    ModelTurn,
-    OfflineModel,
-    OpenAIModel,
-    ToolCall,
-    ToolSpec,
-)
+from marketing_pipelines.agents.providers.anthropic import AnthropicModel
+from marketing_pipelines.agents.providers.offline import OfflineModel
+from marketing_pipelines.agents.providers.openai import OpenAIModel
+from marketing_pipelines.agents.providers.registry import PROVIDER_NAMES
+from marketing_pipelines.agents.providers.types import ModelProvider, ModelTurn, ToolCall, ToolSpec
 from marketing_pipelines.http import RateLimited, ServiceError, server_wait_hint
 
 SYSTEM = "You run marketing campaigns."

@@ -6,9 +6,9 @@ import dagster as dg
 
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
 from marketing_pipelines.executions.resources import ExecutionSettings
+from marketing_pipelines.executions.webhook import WebhookClient
 
 LOCAL = ["127.0.0.1/32"]  # the test receivers' address, allowed as an operator would allow it
 

@@ -17,7 +17,6 @@ import sqlalchemy as sa
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import marketing_execution as t
 from marketing_pipelines.egress import EgressPolicy, parse_networks
-from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
@@ -27,6 +26,7 @@ from marketing_pipelines.executions.sensors import (
     execution_run_failure_sensor,
     executions_of_run,
 )
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Received, Recorder, webhook_server

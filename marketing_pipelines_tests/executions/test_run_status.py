@@ -135,7 +135,7 @@ def test_a_refused_action_fails_its_run(
     [execution_id] = _schedule(engine, hook.url, n=1, max_attempts=3)
     [request] = _tick(db_url, instance)
     # Loopback was allowed when it was scheduled, not where the run executes: refused, not retried.
-    from marketing_pipelines.executions.actions import WebhookClient
+    from marketing_pipelines.executions.webhook import WebhookClient
 
     result = perform(request, db_url, instance, webhook=WebhookClient(timeout_s=5, allow_networks=[]))
     assert not result.success

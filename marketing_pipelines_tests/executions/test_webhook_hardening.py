@@ -27,9 +27,10 @@ from marketing_pipelines.cli import main
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.executions.actions import ActionContext, ActionFailed, WebhookAction, WebhookClient
+from marketing_pipelines.executions.actions import ActionContext, ActionFailed, WebhookAction
 from marketing_pipelines.executions.queue import get_execution, schedule_execution
 from marketing_pipelines.executions.sensors import due_executions_sensor
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.redact import redact_url, redact_urls
 from marketing_pipelines_tests.executions.runs import perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
@@ -118,7 +119,7 @@ def test_the_resolved_address_is_checked_again_when_sent(db_url: str, engine: sa
         with engine.begin() as conn:
             conn.execute(sa.update(marketing_execution).values(max_attempts=3))
         result = _tick_and_run(db_url, instance, WebhookClient(timeout_s=5))
-        assert result.success
+        assert not result.success  # a FAILED execution fails its run
         assert hook.received == []
     with engine.connect() as conn:
         row = get_execution(conn, execution_id)

@@ -1,19 +1,7 @@
-"""The neutral interface every model provider meets, a provider's registry record, and the HTTP plumbing two share.
+"""A provider's registry record (``ProviderSpec``) and the HTTP plumbing two providers share.
 
-The agent loop speaks in neutral records (``ToolSpec``, ``ToolCall``, ``ModelTurn``) and neutral
-message dicts; each provider translates them to and from one wire format. Neutral messages::
-
-    {"role": "user", "content": str}
-    {"role": "assistant", "content": str, "tool_calls": [{"id", "name", "arguments"}, ...]}
-    {"role": "tool", "tool_call_id": str, "name": str, "content": str, "is_error": bool}
-
-``ModelTurn.usage`` is always ``{"input_tokens": int, "output_tokens": int}`` whatever the provider
-calls them, so the caller's token bucket reads one shape. ``ModelTurn.stop_reason`` is the
-provider's own value ("end_turn"/"tool_use" for Anthropic and offline, "stop"/"tool_calls" for
-OpenAI); the loop should decide whether to continue from ``tool_calls``, not from it.
-
-Retries (429/5xx, ``Retry-After``) live in ``marketing_pipelines.http``; rate limiting is the
-caller's job.
+Each provider translates the neutral records of ``types`` to and from one wire format. Retries
+(429/5xx, ``Retry-After``) live in ``marketing_pipelines.http``; rate limiting is the caller's job.
 """
 
 from __future__ import annotations
@@ -21,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import dagster as dg
 import httpx
@@ -29,36 +17,6 @@ from pydantic import PrivateAttr
 
 from marketing_pipelines.http import ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.settings import env_var_if_set
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    name: str
-    description: str
-    input_schema: dict
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: dict
-
-
-@dataclass(frozen=True)
-class ModelTurn:
-    text: str
-    tool_calls: tuple[ToolCall, ...]
-    stop_reason: str
-    usage: dict
-
-
-@runtime_checkable
-class ModelProvider(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    def complete(self, system: str, messages: list[dict], tools: list[ToolSpec]) -> ModelTurn: ...
 
 
 @dataclass(frozen=True)

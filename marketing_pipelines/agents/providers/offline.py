@@ -10,7 +10,8 @@ import json
 
 import dagster as dg
 
-from marketing_pipelines.agents.providers.base import ModelTurn, ProviderSpec, ToolCall, ToolSpec
+from marketing_pipelines.agents.providers.base import ProviderSpec
+from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec
 
 OFFLINE_RESULT_PREVIEW_CHARS = 200
 

@@ -5,14 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from marketing_pipelines.agents.providers.base import (
-    HTTPModel,
-    ModelTurn,
-    ProviderSpec,
-    ToolCall,
-    ToolSpec,
-    int_or_zero,
-)
+from marketing_pipelines.agents.providers.base import HTTPModel, ProviderSpec, int_or_zero
+from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec
 from marketing_pipelines.http import ServiceError
 
 

@@ -1,0 +1,91 @@
+"""``WebhookClient``: the HTTP client (a Dagster resource) that the ``webhook`` action posts with.
+
+Apart from ``actions`` so that validating a payload when an execution is scheduled imports neither
+Dagster nor httpx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import dagster as dg
+import httpx
+from pydantic import Field, field_validator
+
+from marketing_pipelines.egress import ALLOW_SETTING, EgressPolicy, parse_networks
+from marketing_pipelines.settings import Settings, setting_field
+
+# What a webhook response may cost us: enough of an error body to quote 200 characters.
+MAX_RESPONSE_BYTES = 8 * 1024
+
+
+@dataclass(frozen=True)
+class WebhookResponse:
+    status_code: int
+    text: str  # at most MAX_RESPONSE_BYTES of the body, decoded leniently
+
+
+class WebhookClient(dg.ConfigurableResource):
+    """HTTP client of the ``webhook`` action.
+
+    ``timeout_s`` bounds the whole request (connect, send, headers and body), not each read: a
+    receiver dripping one byte a second cannot hold a run. Only ``MAX_RESPONSE_BYTES`` of the
+    response are read. Destinations follow the egress policy (``egress.py``);
+    ``allow_networks`` are the CIDRs an operator allows beyond public addresses.
+    """
+
+    timeout_s: float = setting_field("webhook_timeout_seconds")
+    allow_networks: list[str] = Field(
+        default=[],
+        description="CIDRs webhooks may reach beyond public addresses (loopback, private); never link-local. "
+        f"Env var: {ALLOW_SETTING}.",
+    )
+    concurrency: int = setting_field("webhook_concurrency")
+
+    @field_validator("allow_networks")
+    @classmethod
+    def _networks(cls, value: list[str]) -> list[str]:
+        return [str(network) for network in parse_networks(value)]
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WebhookClient:
+        return cls(
+            timeout_s=settings.webhook_timeout_seconds,
+            allow_networks=list(settings.webhook_allow_networks),
+            concurrency=settings.webhook_concurrency,
+        )
+
+    def policy(self) -> EgressPolicy:
+        return EgressPolicy(parse_networks(self.allow_networks))
+
+    def post(self, url: str, body: Any, headers: Mapping[str, str]) -> WebhookResponse:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+        address = self.policy().resolve(host, port)  # raises EgressRefused / OSError
+        # Connect to the address that was checked; Host and the TLS server name keep the name.
+        ip_host = f"[{address}]" if address.version == 6 else str(address)
+        pinned = urlunsplit((parts.scheme, f"{ip_host}:{port}", parts.path or "/", parts.query, ""))
+        named = f"[{host}]" if ":" in host else host  # an IPv6 literal keeps its brackets in Host
+        host_header = named if parts.port is None else f"{named}:{parts.port}"
+        extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+        request_headers = {**headers, "Host": host_header}
+        return asyncio.run(self._post(pinned, body, request_headers, extensions))
+
+    async def _post(
+        self, url: str, body: Any, headers: Mapping[str, str], extensions: dict[str, Any]
+    ) -> WebhookResponse:
+        async with (
+            asyncio.timeout(self.timeout_s),
+            httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as client,
+            client.stream("POST", url, json=body, headers=dict(headers), extensions=extensions) as response,
+        ):
+            received = bytearray()
+            async for chunk in response.aiter_bytes():
+                received += chunk[: MAX_RESPONSE_BYTES - len(received)]
+                if len(received) >= MAX_RESPONSE_BYTES:
+                    break  # closing the stream drops the rest unread
+            return WebhookResponse(response.status_code, received.decode("utf-8", errors="replace"))

@@ -1,0 +1,100 @@
+"""A command imports only what it needs, and ``ui`` starts without warnings a user cannot act on.
+
+The latency itself is printed by benchmarks/cli_latency.py; these tests hold its causes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# Libraries that cost a read command 0.1-1 s each to import and that none of them uses.
+HEAVY = ("alembic", "dagster", "httpx", "jsonschema", "pandas")
+
+RUN_AND_LIST_HEAVY = f"""
+import json, sys
+from marketing_pipelines.cli import main
+try:
+    main(sys.argv[1:], standalone_mode=False)
+except Exception as exc:  # a known error (e.g. no such row) still exercises the command's imports
+    print(type(exc).__name__, exc, file=sys.stderr)
+print(json.dumps(sorted({{m.split(".")[0] for m in sys.modules}} & set({HEAVY!r}))))
+"""
+
+
+def heavy_modules_after(db_url: str, *args: str) -> list[str]:
+    """The heavy libraries a fresh interpreter has loaded after running ``marketing-pipelines ARGS``."""
+    env = {**os.environ, "MARKETING_DATABASE_URL": db_url}
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_AND_LIST_HEAVY, *args], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--help",),
+        ("executions", "list"),
+        ("executions", "show", "1"),
+        ("executions", "schedule", "--campaign", "none", "--stage", "launch", "--action", "log", "--due", "now"),
+        ("campaigns", "list"),
+        ("users", "list"),
+        ("status",),
+        ("agents", "list"),
+        ("agents", "show", "1"),
+        ("limits", "show"),
+    ],
+    ids=" ".join,
+)
+def test_a_read_command_imports_no_heavy_library(sqlite_url: str, args: tuple[str, ...]) -> None:
+    assert heavy_modules_after(sqlite_url, *args) == []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_ui_starts_without_warnings(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "marketing-pipelines"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MARKETING_", "DAGSTER_HOME"))}
+    proc = subprocess.Popen(
+        [str(script), "ui", "--port", str(free_port())],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    output: list[str] = []
+    try:
+        deadline = time.monotonic() + 60
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            output.append(line)
+            # The webserver serving is the end of start-up: every service and the code location are up.
+            if "Serving dagster-webserver" in line or time.monotonic() > deadline:
+                break
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = "".join(output)
+    assert "Serving dagster-webserver" in text, text[-3000:]
+    assert "Warning" not in text, text
