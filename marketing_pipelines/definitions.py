@@ -9,6 +9,7 @@ from marketing_pipelines.agents import defs as agents
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions import defs as executions
 from marketing_pipelines.measurement import defs as measurement
+from marketing_pipelines.monitoring import defs as monitoring
 
 # Dagster 1.13.27 re-creates every sensor that targets a job while attaching resources and passes
 # owners=None along, which warns "owners is beta" on each load (17 times in 17 minutes of `dagster
@@ -21,6 +22,7 @@ defs = dg.Definitions.merge(
     executions.defs,
     agents.defs,
     measurement.defs,
+    monitoring.defs,
     dg.Definitions(
         # Shared by every domain; the URL is an EnvVar, so it never shows in run config (see AppDatabase).
         resources={"app_db": AppDatabase.from_env()},

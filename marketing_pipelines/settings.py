@@ -129,7 +129,7 @@ class Settings(BaseSettings):
     )
     alert_webhook_url: str | None = Field(
         None,
-        description="Slack-compatible incoming webhook for alerts (failed runs, queue checks at ERROR); off when unset.",
+        description="Slack-compatible incoming webhook for alerts (failed runs, queue checks at ERROR); off if unset.",
     )
     dagster_ui_url: str | None = Field(
         None, description="Base URL of the Dagster UI, for links to runs (e.g. http://127.0.0.1:3000)."

@@ -9,12 +9,23 @@ import dagster as dg
 
 from marketing_pipelines.definitions import defs
 
-ASSETS = {"marketing_event", "site_analytics_daily", "github_release_downloads_daily", "measurement_daily_rollup"}
+ASSETS = {
+    "marketing_event",
+    "site_analytics_daily",
+    "github_release_downloads_daily",
+    "measurement_daily_rollup",
+    "execution_queue",
+    "agent_run_queue",
+}
 ASSET_CHECKS = {
     ("site_analytics_daily", "site_counts_consistent"),
     ("github_release_downloads_daily", "no_unflagged_negative_download_delta"),
     ("measurement_daily_rollup", "first_party_count_matches_events"),
     ("measurement_daily_rollup", "unique_actors_within_raw_count"),
+    ("execution_queue", "due_lag"),
+    ("execution_queue", "failed_last_hour"),
+    ("agent_run_queue", "due_lag"),
+    ("agent_run_queue", "failed_last_hour"),
 }
 JOBS = {"marketing_execution_job", "agent_run_job", "measurement_daily_job", "measurement_rollup_job"}
 SENSORS = {
@@ -25,15 +36,19 @@ SENSORS = {
     "agent_run_failure_sensor",
     "agent_run_canceled_sensor",
     "measurement_late_events_sensor",
+    "queue_health_sensor",
+    "marketing_alerts_sensor",
 }
 SCHEDULES = {"measurement_daily_schedule"}
 # The one list to update when a resource is added or renamed.
 RESOURCES = [
     "agent_settings",
+    "alerts",
     "anthropic_model",
     "app_db",
     "execution_settings",
     "github",
+    "health_settings",
     "models",
     "offline_model",
     "openai_model",

@@ -1,0 +1,23 @@
+"""The monitoring domain's Dagster definitions: the queue assets, their checks, the sensor that observes them,
+and the alerts sensor with its webhook."""
+
+import dagster as dg
+
+from marketing_pipelines.monitoring.alert_sensor import marketing_alerts_sensor
+from marketing_pipelines.monitoring.alerts import AlertWebhook
+from marketing_pipelines.monitoring.assets import AGENT_RUN_QUEUE_SPEC, EXECUTION_QUEUE_SPEC
+from marketing_pipelines.monitoring.checks import queue_health_checks
+from marketing_pipelines.monitoring.resources import HealthSettings
+from marketing_pipelines.monitoring.sensors import queue_health_sensor
+from marketing_pipelines.settings import current_settings
+
+defs = dg.Definitions(
+    assets=[EXECUTION_QUEUE_SPEC, AGENT_RUN_QUEUE_SPEC],
+    asset_checks=[queue_health_checks],
+    sensors=[queue_health_sensor, marketing_alerts_sensor],
+    resources={
+        "health_settings": HealthSettings.from_settings(current_settings()),
+        # The URL is an EnvVar (a Slack webhook's path is its token); the sensor sends through "webhook".
+        "alerts": AlertWebhook.from_settings(current_settings()),
+    },
+)
