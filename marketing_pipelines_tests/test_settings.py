@@ -12,8 +12,8 @@ import pytest
 
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.definitions import defs
-from marketing_pipelines.executions.actions import WebhookClient
 from marketing_pipelines.executions.resources import ExecutionSettings
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.settings import Settings, SettingsError, env_name, load_settings
 
 # Settings that shape definitions rather than runs: the UI shows them as what they shape.
@@ -23,7 +23,7 @@ STRUCTURAL = {
     "sensor_interval_seconds": "each claiming sensor's minimum interval",
 }
 # Defaults of what the CLI requests (it reads them itself); no Dagster code reads them.
-CLI_DEFAULTS = {"execution_max_attempts", "agent_max_run_seconds", "model_provider"}
+CLI_DEFAULTS = {"execution_max_attempts", "agent_max_run_seconds", "model_provider", "dagster_ui_url"}
 
 
 def _env_vars_shown_by_resources() -> set[str]:

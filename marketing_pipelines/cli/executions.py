@@ -1,8 +1,10 @@
-"""``marketing-pipelines executions``: schedule, list, cancel and show campaign executions."""
+"""``marketing-pipelines executions``: schedule (one or a file), list, cancel, retry and show campaign executions."""
 
 from __future__ import annotations
 
 import json
+from typing import BinaryIO
+from urllib.parse import urlsplit
 
 import click
 
@@ -17,6 +19,7 @@ from marketing_pipelines.cli.common import (
 )
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.redact import redact_url, redact_urls
+from marketing_pipelines.settings import env_name
 
 
 @click.group(cls=FriendlyGroup)
@@ -25,33 +28,58 @@ def executions() -> None:
 
 
 @executions.command("schedule")
-@click.option("--campaign", "campaign_id", required=True, help="Campaign id.")
-@click.option("--stage", required=True, help="Funnel stage, e.g. awareness, launch, follow-up.")
-@click.option("--action", required=True, help="Action to run: log or webhook.")
-@click.option("--due", required=True, help="ISO-8601 time with offset, or 'now'.")
+@click.option("--campaign", "campaign_id", default=None, help="Campaign id. Required without --file.")
+@click.option("--stage", default=None, help="Funnel stage, e.g. awareness, launch, follow-up. Required without --file.")
+@click.option("--action", default=None, help="Action to run: log or webhook. Required without --file.")
+@click.option("--due", default=None, help="ISO-8601 time with offset, or 'now'. Required without --file.")
 @click.option("--payload", default=None, help="JSON object for the action.")
 @click.option("--max-attempts", type=click.IntRange(1, 100), default=None, help="Attempts before FAILED (1-100).")
 @click.option("--dedupe-key", default=None, help="Scheduling the same key twice returns the first execution.")
+@click.option(
+    "--file",
+    "rows_file",
+    type=click.File("rb"),
+    default=None,
+    help="JSON Lines ('-': stdin), one execution per line with the keys campaign, stage, action, due, payload, "
+    "max_attempts, dedupe_key. Not with the options above.",
+)
 def executions_schedule(
-    campaign_id: str,
-    stage: str,
-    action: str,
-    due: str,
+    campaign_id: str | None,
+    stage: str | None,
+    action: str | None,
+    due: str | None,
     payload: str | None,
     max_attempts: int | None,
     dedupe_key: str | None,
+    rows_file: BinaryIO | None,
 ) -> None:
-    """Schedule an execution; prints its id.
+    """Schedule an execution and print its id, or schedule every line of a JSON Lines file.
+
+    With --file, a bad line is reported as `line N: reason` and schedules nothing; the other lines
+    are scheduled (once: a line whose dedupe_key was scheduled before adds nothing), then a summary
+    is printed. The exit code is 1 if any line was bad.
 
     \b
     Example:
       marketing-pipelines executions schedule --campaign spring-launch --stage launch \\
         --action webhook --due 2026-12-01T09:00:00+00:00 \\
         --payload '{"url": "https://hooks.example.com/launch", "body": {"text": "We launched"}}'
+      marketing-pipelines executions schedule --file launch.jsonl
     """
     from marketing_pipelines.executions.actions import webhook_policy
     from marketing_pipelines.executions.queue import parse_due, parse_payload, schedule_execution
 
+    required = {"--campaign": campaign_id, "--stage": stage, "--action": action, "--due": due}
+    options = {**required, "--payload": payload, "--max-attempts": max_attempts, "--dedupe-key": dedupe_key}
+    if rows_file is not None:
+        given = [flag for flag, value in options.items() if value is not None]
+        if given:
+            raise click.UsageError(f"--file cannot be combined with {', '.join(given)}")
+        schedule_file(rows_file)
+        return
+    if campaign_id is None or stage is None or action is None or due is None:
+        missing = [flag for flag, value in required.items() if value is None]
+        raise click.UsageError(f"Missing option {', '.join(missing)} (or give --file)")
     due_at, parsed_payload = parse_due(due), parse_payload(payload)
     with ready_conn() as conn:
         execution_id = schedule_execution(
@@ -66,6 +94,26 @@ def executions_schedule(
             egress=webhook_policy(settings()),
         )
     click.echo(execution_id)
+
+
+def schedule_file(rows_file: BinaryIO) -> None:
+    """``schedule --file``: every good line scheduled, every bad one named on stderr, then a summary."""
+    from marketing_pipelines.executions.actions import webhook_policy
+    from marketing_pipelines.executions.queue import read_schedule_file, schedule_lines
+
+    lines = read_schedule_file(rows_file)
+    with ready_conn() as conn:
+        outcome = schedule_lines(
+            conn, lines, default_max_attempts=settings().execution_max_attempts, egress=webhook_policy(settings())
+        )
+    for error in outcome.errors:
+        click.echo(f"line {error.number}: {error.reason}", err=True)
+    click.echo(
+        f"scheduled {len(outcome.new)} new, {len(outcome.existing)} already scheduled by dedupe key, "
+        f"{len(outcome.errors)} rejected"
+    )
+    if outcome.errors:
+        raise click.exceptions.Exit(1)
 
 
 @executions.command("list")
@@ -113,13 +161,79 @@ def executions_cancel(execution_id: int) -> None:
     click.echo(f"execution {execution_id} cancelled (was {previous})")
 
 
+SHOWN_IDS = 20  # a bulk retry names the executions it retried up to this many
+
+
+@executions.command("retry")
+@click.argument("execution_id", type=ROW_ID, required=False)
+@click.option("--failed", "all_failed", is_flag=True, help="Retry every FAILED execution (not CANCELLED ones).")
+@click.option("--cancelled", "include_cancelled", is_flag=True, help="With --failed: CANCELLED executions too.")
+@click.option("--campaign", "campaign_id", default=None, help="With --failed: only this campaign's executions.")
+@click.option("--since", default=None, help="With --failed: only those finished at or after this ISO-8601 time.")
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1, 100),
+    default=None,
+    help="Attempts the retry may make (1-100; default: MARKETING_EXECUTION_MAX_ATTEMPTS).",
+)
+def executions_retry(
+    execution_id: int | None,
+    all_failed: bool,
+    include_cancelled: bool,
+    campaign_id: str | None,
+    since: str | None,
+    max_attempts: int | None,
+) -> None:
+    """Put a FAILED or CANCELLED execution back in the queue, due now, with a fresh attempt budget.
+
+    Attempt numbers go on counting (the history keeps every attempt), and a webhook keeps its
+    Idempotency-Key, so its receiver recognises the redelivery. The budget is --max-attempts, or
+    the default of new executions: the original one is not kept once spent. A retry that would
+    take an execution past 1000 attempts is refused.
+
+    \b
+    Examples:
+      marketing-pipelines executions retry 42
+      marketing-pipelines executions retry --failed --campaign spring-launch --since 2026-12-01T00:00:00+00:00
+    """
+    from marketing_pipelines.executions.queue import parse_time, retry_execution, retry_executions
+
+    if execution_id is not None and all_failed:
+        raise click.UsageError("give an execution id or --failed, not both")
+    if execution_id is None and not all_failed:
+        raise click.UsageError("give an execution id, or --failed to retry every FAILED execution")
+    filters = {"--cancelled": include_cancelled, "--campaign": campaign_id is not None, "--since": since is not None}
+    if execution_id is not None and any(filters.values()):
+        raise click.UsageError(f"{', '.join(k for k, v in filters.items() if v)} can only be used with --failed")
+    budget = max_attempts or settings().execution_max_attempts
+    if execution_id is not None:
+        with ready_conn() as conn:
+            previous = retry_execution(conn, execution_id, budget)
+        click.echo(f"execution {execution_id} retried (was {previous}): due now, up to {budget} more attempt(s)")
+        return
+    finished_since = parse_time(since, "--since") if since is not None else None
+    with ready_conn() as conn:
+        retried = retry_executions(
+            conn,
+            budget=budget,
+            campaign_id=campaign_id,
+            finished_since=finished_since,
+            include_cancelled=include_cancelled,
+        )
+    shown = f": {', '.join(map(str, retried.ids))}" if 0 < len(retried.ids) <= SHOWN_IDS else ""
+    click.echo(f"retried {len(retried.ids)} execution(s), due now, up to {budget} more attempt(s) each{shown}")
+    if retried.over_cap:
+        click.echo(f"{retried.over_cap} matching execution(s) left as they were: they have made too many attempts")
+
+
 @executions.command("show")
 @click.argument("execution_id", type=ROW_ID)
 @json_option
 def executions_show(execution_id: int, as_json: bool) -> None:
     """Show an execution: status, last error, and each attempt with the Dagster run that performed it.
 
-    In the Dagster UI the runs of execution 42 carry the tag marketing/execution_id.42 (value: the attempt).
+    With MARKETING_DAGSTER_UI_URL set (the `ui` command prints it), each attempt's run is a link; runs
+    carry no tag per execution, so this attempt history is how an execution's runs are found.
 
     \b
     Example:
@@ -143,18 +257,46 @@ def executions_show(execution_id: int, as_json: bool) -> None:
         }
     if execution["last_error"]:
         execution["last_error"] = redact_urls(execution["last_error"])
+    runs_url = dagster_runs_url(settings().dagster_ui_url)
     for attempt in attempts:
         attempt["error"] = redact_urls(attempt["error"]) if attempt["error"] else None
+        attempt["run_url"] = f"{runs_url}/{attempt['run_id']}" if runs_url and attempt["run_id"] else None
     if as_json:
         click.echo(json.dumps({"execution": execution, "attempts": attempts}, default=str, indent=2))
         return
     for key in ("id", "campaign_id", "stage", "action", "status", "due_at", "attempts", "max_attempts", "run_id"):
         click.echo(f"{key:>12}: {cell_text(execution.get(key))}")
     click.echo(f"{'last_error':>12}: {redact_urls(execution.get('last_error') or '-')}")
-    click.echo(f"{'UI tag':>12}: marketing/execution_id.{execution_id}")
     click.echo("attempts:")
     emit_rows(attempts, ["attempt", "run_id", "started_at", "finished_at", "outcome", "error"], False)
+    for attempt in attempts:  # not a table column: a cell is cut at 60 characters, a link must stay whole
+        if attempt["run_url"]:
+            click.echo(f"{'attempt ' + str(attempt['attempt']):>12}: {attempt['run_url']}")
     if execution["attempts"] > len(attempts):
         # The claim counts an attempt; a run that never started (or started after its lease expired
         # and found another attempt owning the row) leaves no attempt row.
         click.echo(f"({execution['attempts'] - len(attempts)} claim(s) never started a run)")
+
+
+def dagster_runs_url(base: str | None) -> str | None:
+    """``<base>/runs`` of the Dagster UI at ``base`` (MARKETING_DAGSTER_UI_URL), or None when it is unset."""
+    if not base:
+        return None
+    try:
+        parts = urlsplit(base)
+        parts.port  # noqa: B018 - parses the port, raising on a bad one
+    except ValueError:
+        parts = None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or parts.query
+        or parts.fragment
+    ):
+        raise InvalidInput(
+            f"{env_name('dagster_ui_url')}={redact_url(base)!r} is not valid: it must be an http(s) URL without "
+            "credentials, query or fragment, e.g. http://127.0.0.1:3000"
+        )
+    return f"{base.rstrip('/')}/runs"

@@ -28,17 +28,25 @@ def ui_command(port: int) -> None:
     from marketing_pipelines.demo import dagster_home
 
     home, current = dagster_home(), settings()
+    ui_url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ,
         "DAGSTER_HOME": str(home),
         "MARKETING_DATABASE_URL": current.resolved_database_url,
         # A local UI's webhooks may reach this machine (the demo's receiver) unless networks were chosen.
         "MARKETING_WEBHOOK_ALLOW_NETWORKS": ",".join(current.webhook_allow_networks) or "127.0.0.1/32",
+        # Links to runs (alerts sent from this instance) point at this UI.
+        "MARKETING_DAGSTER_UI_URL": ui_url,
     }
     dagster = Path(sys.executable).parent / "dagster"
-    argv = [str(dagster), "dev", "-m", "marketing_pipelines.definitions", "-p", str(port)]
-    click.echo(f"Dagster UI on http://127.0.0.1:{port}, instance {home}", err=True)
-    os.execve(str(dagster), argv, env)  # dagster dev owns the terminal and its signals from here
+    # `dagster dev` warns on every start that it is superseded by `dg dev`, which serves only from inside a
+    # dg project's folder, not from the installed package in any folder as this command does: nothing for
+    # the user to act on. The filter matches that message alone, in that process alone (-W, not inherited).
+    quiet = "ignore:Function `dev_command` is superseded"
+    argv = [sys.executable, "-W", quiet, str(dagster), "dev", "-m", "marketing_pipelines.definitions", "-p", str(port)]
+    click.echo(f"Dagster UI on {ui_url}, instance {home}", err=True)
+    click.echo(f"For links to its runs in `executions show`: export MARKETING_DAGSTER_UI_URL={ui_url}", err=True)
+    os.execve(sys.executable, argv, env)  # dagster dev owns the terminal and its signals from here
 
 
 @click.command("demo")

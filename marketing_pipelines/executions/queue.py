@@ -1,22 +1,24 @@
-"""The execution queue: scheduling, listing, its LeaseQueue description and each execution's attempts."""
+"""The execution queue: scheduling (one or a file), retrying, listing, its LeaseQueue and each execution's attempts."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import IO, Any
 
 import sqlalchemy as sa
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.engine import insert_ignoring_conflicts
-from marketing_pipelines.db.lease import LeaseQueue, cancel
+from marketing_pipelines.db.lease import LeaseQueue, cancel, now_expr
 from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import InvalidPayload, get_action, webhook_policy
-from marketing_pipelines.strict_json import parse_json_object
+from marketing_pipelines.strict_json import loads_json, parse_json_object
 
 EXECUTIONS = LeaseQueue(
     table=marketing_execution,
@@ -30,22 +32,28 @@ EXECUTIONS = LeaseQueue(
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_ATTEMPTS = 100
 STAGE_MAX = 64
+DEDUPE_KEY_MAX = 200  # the column's length
 
 
 def parse_due(value: str) -> datetime:
     """Parse ``now`` or an ISO-8601 time; a time without an offset is refused, not guessed."""
     if value.strip().lower() == "now":
         return datetime.now(UTC)
+    return parse_time(value, "due time", alternatives=" or 'now'")
+
+
+def parse_time(value: str, name: str, alternatives: str = "") -> datetime:
+    """Parse an ISO-8601 time with a UTC offset into UTC; errors name ``name`` and the value."""
     try:
         parsed = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise InvalidInput(f"due time {value!r} is not ISO-8601 (e.g. 2026-12-01T09:00:00+00:00) or 'now'") from None
+        raise InvalidInput(f"{name} {value!r} is not ISO-8601 (e.g. 2026-12-01T09:00:00+00:00){alternatives}") from None
     if parsed.tzinfo is None:
-        raise InvalidInput(f"due time {value!r} has no UTC offset; add one, e.g. {value}+00:00")
+        raise InvalidInput(f"{name} {value!r} has no UTC offset; add one, e.g. {parsed.isoformat()}+00:00")
     try:
         return parsed.astimezone(UTC)
     except OverflowError:
-        raise InvalidInput(f"due time {value!r} is out of range in UTC") from None
+        raise InvalidInput(f"{name} {value!r} is out of range in UTC") from None
 
 
 def parse_payload(value: str | None) -> dict[str, Any]:
@@ -71,9 +79,14 @@ def schedule_execution(
     webhook destination policy (default: the settings', MARKETING_WEBHOOK_ALLOW_NETWORKS).
     """
     payload = dict(payload or {})
+    for name, text in (("campaign", campaign_id), ("stage", stage), ("action", action), ("dedupe_key", dedupe_key)):
+        if text is not None and "\x00" in text:
+            raise InvalidInput(f"{name} holds a NUL character, which PostgreSQL cannot store")
     require_campaign(conn, campaign_id)
     if not stage or len(stage) > STAGE_MAX:
         raise InvalidInput(f"stage {stage!r} must be 1-{STAGE_MAX} characters")
+    if dedupe_key is not None and not 1 <= len(dedupe_key) <= DEDUPE_KEY_MAX:
+        raise InvalidInput(f"dedupe_key must be 1-{DEDUPE_KEY_MAX} characters, got {len(dedupe_key)}")
     if not 1 <= max_attempts <= MAX_ATTEMPTS:
         raise InvalidInput(f"max_attempts must be from 1 to {MAX_ATTEMPTS}, got {max_attempts}")
     if due_at.tzinfo is None:
@@ -88,6 +101,8 @@ def schedule_execution(
         raise InvalidInput("payload holds NaN or Infinity, which is not JSON") from None
     if len(encoded) > MAX_PAYLOAD_BYTES:
         raise InvalidInput(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes")
+    if _holds_nul(payload):
+        raise InvalidInput("payload holds a NUL character (\\u0000), which PostgreSQL cannot store")
     t = marketing_execution
     if dedupe_key is not None:
         existing = conn.execute(sa.select(t.c.id).where(t.c.dedupe_key == dedupe_key)).scalar_one_or_none()
@@ -199,3 +214,282 @@ def cancel_execution(conn: sa.Connection, execution_id: int, reason: str) -> str
         )
     end_open_attempts(conn, [execution_id], "CANCELLED", reason)
     return cancelled.status
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return False
+
+
+# --- retry -------------------------------------------------------------------------------------
+
+RETRYABLE_STATUSES = ("FAILED", "CANCELLED")
+# Each retry adds a budget of at most MAX_ATTEMPTS on top of the attempts already made (attempt
+# numbers go on counting: they key the attempt history). Ten full budgets is far beyond any
+# transient failure; an execution past it needs its action or payload fixed, not more attempts.
+MAX_TOTAL_ATTEMPTS = 10 * MAX_ATTEMPTS
+
+
+@dataclass(frozen=True)
+class Retried:
+    ids: tuple[int, ...]
+    # Matching executions left FAILED/CANCELLED: another budget would take them past MAX_TOTAL_ATTEMPTS.
+    over_cap: int
+
+
+def _check_budget(budget: int) -> None:
+    if not 1 <= budget <= MAX_ATTEMPTS:
+        raise InvalidInput(f"max_attempts must be from 1 to {MAX_ATTEMPTS}, got {budget}")
+
+
+def _rescheduled(conn: sa.Connection, budget: int) -> dict[str, Any]:
+    """The values that put a finished execution back in the queue, due now, with ``budget`` more attempts.
+
+    The id, and with it the webhook's Idempotency-Key, stays the same: a receiver that already
+    got the effect recognises the redelivery.
+    """
+    t = marketing_execution
+    return {
+        "status": EXECUTIONS.ready_status,
+        "due_at": now_expr(conn),
+        "max_attempts": t.c.attempts + budget,
+        "last_error": None,
+        "finished_at": None,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "updated_at": now_expr(conn),
+    }
+
+
+def retry_execution(conn: sa.Connection, execution_id: int, budget: int) -> str:
+    """Put a FAILED or CANCELLED execution back to SCHEDULED, due now, with ``budget`` more attempts.
+
+    Returns the status it had. Refused (InvalidInput naming the status) for any other status, so
+    of two concurrent retries of one execution the second finds it SCHEDULED and changes nothing.
+    """
+    _check_budget(budget)
+    t = marketing_execution
+    # Locked, so the status read is the one the UPDATE below expects (SQLite: BEGIN IMMEDIATE).
+    row = conn.execute(
+        sa.select(t.c.status, t.c.attempts).where(t.c.id == execution_id).with_for_update()
+    ).one_or_none()
+    if row is None:
+        raise InvalidInput(f"execution {execution_id} does not exist; see marketing-pipelines executions list")
+    if row.status not in RETRYABLE_STATUSES:
+        raise InvalidInput(
+            f"execution {execution_id} is {row.status}; only FAILED or CANCELLED executions can be retried"
+        )
+    if row.attempts + budget > MAX_TOTAL_ATTEMPTS:
+        raise InvalidInput(
+            f"execution {execution_id} has made {row.attempts} attempts; {budget} more would pass the limit "
+            f"of {MAX_TOTAL_ATTEMPTS}: fix its action or payload and schedule it anew"
+        )
+    updated = conn.execute(
+        sa.update(t)
+        .where(t.c.id == execution_id, t.c.status == row.status, t.c.attempts == row.attempts)
+        .values(_rescheduled(conn, budget))
+    ).rowcount
+    if updated != 1:
+        raise InvalidInput(f"execution {execution_id} changed while it was being retried; see executions show")
+    return str(row.status)
+
+
+def retry_executions(
+    conn: sa.Connection,
+    *,
+    budget: int,
+    campaign_id: str | None = None,
+    finished_since: datetime | None = None,
+    include_cancelled: bool = False,
+) -> Retried:
+    """Retry every FAILED (and, if asked, CANCELLED) execution that matches, in one statement.
+
+    ``finished_since`` filters on ``finished_at`` (when the execution failed or was cancelled).
+    """
+    _check_budget(budget)
+    if finished_since is not None and finished_since.tzinfo is None:
+        raise InvalidInput("finished_since must be timezone-aware")
+    t = marketing_execution
+    statuses = list(RETRYABLE_STATUSES) if include_cancelled else ["FAILED"]
+    matching = [t.c.status.in_(statuses)]
+    if campaign_id is not None:
+        require_campaign(conn, campaign_id)
+        matching.append(t.c.campaign_id == campaign_id)
+    if finished_since is not None:
+        matching.append(t.c.finished_at >= finished_since)
+    within_cap = t.c.attempts <= MAX_TOTAL_ATTEMPTS - budget
+    ids = conn.execute(
+        sa.update(t).where(*matching, within_cap).values(_rescheduled(conn, budget)).returning(t.c.id)
+    ).scalars()
+    over_cap = conn.execute(sa.select(sa.func.count()).where(*matching, sa.not_(within_cap))).scalar_one()
+    return Retried(ids=tuple(sorted(ids)), over_cap=over_cap)
+
+
+# --- schedule from a file ----------------------------------------------------------------------
+
+MAX_FILE_LINES = 10_000
+MAX_FILE_BYTES = 64 * 1024 * 1024
+# A payload at its limit plus the other keys, with room for JSON escapes.
+MAX_LINE_BYTES = 2 * MAX_PAYLOAD_BYTES
+
+
+class ScheduleLine(BaseModel):
+    """One line of ``executions schedule --file``: the options of ``executions schedule`` as a JSON object."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    campaign: str = Field(validation_alias=AliasChoices("campaign", "campaign_id"))
+    stage: str
+    action: str
+    due: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+    max_attempts: int | None = Field(None, ge=1, le=MAX_ATTEMPTS)
+    dedupe_key: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_campaign_key(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "campaign" in data and "campaign_id" in data:
+            raise ValueError("give campaign or campaign_id, not both")
+        return data
+
+
+SCHEDULE_LINE_KEYS = ("campaign", "campaign_id", "stage", "action", "due", "payload", "max_attempts", "dedupe_key")
+
+
+@dataclass(frozen=True)
+class ParsedLine:
+    number: int
+    line: ScheduleLine
+    due_at: datetime
+
+
+@dataclass(frozen=True)
+class LineError:
+    number: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ScheduledFile:
+    new: tuple[int, ...]
+    # Lines whose dedupe_key named an execution scheduled before: its id, nothing written.
+    existing: tuple[int, ...]
+    errors: tuple[LineError, ...]
+
+
+def _validation_reason(exc: ValidationError) -> str:
+    reasons = []
+    for error in exc.errors(include_url=False)[:3]:
+        field = ".".join(str(part) for part in error["loc"])
+        if error["type"] == "extra_forbidden":
+            reasons.append(f"unknown key {field!r} (known: {', '.join(SCHEDULE_LINE_KEYS)})")
+        elif error["type"] == "missing":
+            reasons.append(f"missing key {field!r}")
+        else:
+            message = str(error["msg"]).removeprefix("Value error, ")
+            reasons.append(f"{field}: {message}" if field else message)
+    return "; ".join(reasons)
+
+
+def parse_schedule_line(number: int, raw: bytes) -> ParsedLine | LineError:
+    """Validate one line of a schedule file, without the database."""
+    try:
+        text = raw.decode("utf-8").removeprefix("\ufeff" if number == 1 else "")
+    except UnicodeDecodeError:
+        return LineError(number, "is not UTF-8")
+    try:
+        parsed = loads_json(text)
+    except json.JSONDecodeError as exc:
+        return LineError(number, f"is not valid JSON: {exc.msg} at column {exc.colno}")
+    except ValueError as exc:  # NaN, Infinity, 1e400
+        return LineError(number, f"is not valid JSON: {exc}")
+    if not isinstance(parsed, dict):
+        return LineError(number, f"must be a JSON object, got {type(parsed).__name__}")
+    try:
+        line = ScheduleLine.model_validate(parsed)
+        return ParsedLine(number, line, parse_due(line.due))
+    except ValidationError as exc:
+        return LineError(number, _validation_reason(exc))
+    except InvalidInput as exc:
+        return LineError(number, str(exc))
+
+
+def read_schedule_file(stream: IO[bytes]) -> list[ParsedLine | LineError]:
+    """Every non-blank line of a JSON Lines stream, validated; raises InvalidInput past the file's limits.
+
+    The limits are checked while reading, before anything is scheduled, so a file past them
+    schedules nothing.
+    """
+    lines: list[ParsedLine | LineError] = []
+    number = total = 0
+    while raw := stream.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        total += len(raw)
+        too_long = len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
+        rest = raw if too_long else b""
+        while rest and not rest.endswith(b"\n"):  # skip the rest of the long line, a bounded chunk at a time
+            rest = stream.readline(MAX_LINE_BYTES + 1)
+            total += len(rest)
+        if total > MAX_FILE_BYTES:
+            raise InvalidInput(f"file is larger than {MAX_FILE_BYTES // 2**20} MiB; split it (nothing was scheduled)")
+        if too_long:
+            lines.append(LineError(number, f"is longer than {MAX_LINE_BYTES // 1024} KiB"))
+        elif raw.strip():
+            lines.append(parse_schedule_line(number, raw))
+        if len(lines) > MAX_FILE_LINES:
+            raise InvalidInput(f"file has more than {MAX_FILE_LINES} lines; split it (nothing was scheduled)")
+    return lines
+
+
+def _execution_with_key(conn: sa.Connection, dedupe_key: str) -> int | None:
+    t = marketing_execution
+    return conn.execute(sa.select(t.c.id).where(t.c.dedupe_key == dedupe_key)).scalar_one_or_none()
+
+
+def schedule_lines(
+    conn: sa.Connection,
+    lines: Sequence[ParsedLine | LineError],
+    *,
+    default_max_attempts: int,
+    egress: EgressPolicy | None = None,
+) -> ScheduledFile:
+    """Schedule each valid line in its own savepoint, so a line the database refuses costs only itself."""
+    new: list[int] = []
+    existing: list[int] = []
+    errors = [line for line in lines if isinstance(line, LineError)]
+    for parsed in lines:
+        if isinstance(parsed, LineError):
+            continue
+        line, key = parsed.line, parsed.line.dedupe_key
+        try:
+            with conn.begin_nested():
+                known = _execution_with_key(conn, key) if key is not None else None
+                execution_id = schedule_execution(
+                    conn,
+                    campaign_id=line.campaign,
+                    stage=line.stage,
+                    action=line.action,
+                    due_at=parsed.due_at,
+                    payload=line.payload,
+                    max_attempts=line.max_attempts or default_max_attempts,
+                    dedupe_key=key,
+                    egress=egress,
+                )
+        except InvalidInput as exc:
+            errors.append(LineError(parsed.number, str(exc)))
+            continue
+        except sa.exc.IntegrityError:
+            # A concurrent scheduler inserted the same dedupe key first: that row is this line's.
+            concurrent = _execution_with_key(conn, key) if key is not None else None
+            if concurrent is None:
+                raise
+            existing.append(concurrent)
+            continue
+        (existing if known is not None else new).append(execution_id)
+    return ScheduledFile(new=tuple(new), existing=tuple(existing), errors=tuple(sorted(errors, key=lambda e: e.number)))
