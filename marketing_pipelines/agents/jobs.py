@@ -1,16 +1,19 @@
-"""``agent_run_job``: performs one claimed agent run in the ``agent_runs`` concurrency pool."""
+"""``agent_run_job``: performs one claimed agent run in the ``agent_runs`` concurrency pool and shows its
+output and transcript in the run's metadata; an agent run that ends FAILED fails its Dagster run."""
 
 import time
 from typing import Any
 
 import dagster as dg
+import sqlalchemy as sa
 
 from marketing_pipelines.agents import token_bucket
 from marketing_pipelines.agents.catalog import get_agent
+from marketing_pipelines.agents.display import output_markdown, shown_text, transcript_markdown
 from marketing_pipelines.agents.models import ModelGateway
-from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript
+from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript, get_agent_run, transcript
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.agents.runner import AgentStopped, LeaseLost, RunLimits, run_agent_loop
+from marketing_pipelines.agents.runner import AgentResult, AgentStopped, LeaseLost, RunLimits, run_agent_loop
 from marketing_pipelines.agents.users import get_user
 from marketing_pipelines.db.lease import LeaseKeeper, finish, retry_or_fail
 from marketing_pipelines.db.leased_runs import take_over_rows
@@ -28,6 +31,23 @@ RATE_LIMIT_RETRIES = 20
 class AgentRunConfig(dg.Config):
     agent_run_id: int
     claimed_by: str
+
+
+def run_metadata(
+    engine: sa.Engine, agent_run_id: int, attempt: int, result: AgentResult | None = None
+) -> dict[str, dg.MetadataValue]:
+    """What the Dagster UI shows of an agent run that ended: this attempt's transcript and its output, if any."""
+    with engine.connect() as conn:
+        steps = transcript(conn, agent_run_id, attempt)
+    metadata: dict[str, dg.MetadataValue] = {
+        "transcript": dg.MetadataValue.md(transcript_markdown(steps, agent_run_id, attempt))
+    }
+    if result is not None:
+        metadata["output"] = dg.MetadataValue.md(output_markdown(result.text, agent_run_id))
+        metadata["steps"] = dg.MetadataValue.int(result.steps)
+        metadata["tool_calls"] = dg.MetadataValue.int(result.tool_calls)
+        metadata["denials"] = dg.MetadataValue.int(result.denials)
+    return metadata
 
 
 @dg.op(
@@ -58,28 +78,41 @@ def run_agent(
         also=lambda conn, rows: users.update({r["id"]: get_user(conn, r["requested_by"]) for r in rows}),
     )
     if not taken.rows:
-        return dg.Output({"agent_run_id": agent_run_id, "outcome": "skipped"}, metadata={"outcome": "skipped"})
+        # take_over_rows logged the row's state: this run changed nothing, so it may stay green.
+        state = taken.skipped.get(agent_run_id, "")
+        return dg.Output(
+            {"agent_run_id": agent_run_id, "outcome": "skipped"},
+            metadata={"outcome": "skipped", "reason": f"agent run {agent_run_id} {state}; this run does not own it"},
+        )
     owner, [row] = taken.owner, taken.rows
     user = users[agent_run_id]
-
-    context.log.info(
-        f"Agent run {agent_run_id}: agent {row['agent']} for campaign {row['campaign_id']}, "
-        f"as {row['requested_by']}, provider {row['model_provider']}, attempt {row['attempts']} of "
-        f"{row['max_attempts']}, time limit {row['max_run_seconds']}s."
-    )
+    attempt = row["attempts"]
 
     def fail(reason: str) -> dg.Failure:
         with engine.begin() as conn:
             recorded = finish(conn, AGENT_RUNS, agent_run_id, owner, "FAILED", {"error": reason})
         suffix = "" if recorded else " (not recorded: lease lost)"
-        return dg.Failure(description=f"Agent run {agent_run_id} FAILED: {reason}{suffix}")
+        return dg.Failure(
+            description=shown_text(f"Agent run {agent_run_id} FAILED: {reason}{suffix}"),
+            metadata=run_metadata(engine, agent_run_id, attempt),
+        )
 
     if user is None or not user.active:
         raise fail(f"user {row['requested_by']} is not active; runs of inactive users do not start")
     try:
         provider = models.provider(row["model_provider"])
     except ServiceError as exc:
-        raise fail(str(exc)) from None
+        # Every attempt would meet the same configuration, so this one is the last, whatever is left.
+        raise fail(
+            f"model provider {exc}; not retried, as every attempt would fail the same way. "
+            f"After the fix: marketing-pipelines agents retry {agent_run_id}"
+        ) from None
+
+    context.log.info(
+        f"Agent run {agent_run_id}: agent {row['agent']} for campaign {row['campaign_id']}, "
+        f"as {row['requested_by']}, provider {row['model_provider']}, attempt {attempt} of "
+        f"{row['max_attempts']}, time limit {row['max_run_seconds']}s."
+    )
 
     def acquire_token() -> None:
         waited = token_bucket.acquire(
@@ -88,7 +121,7 @@ def run_agent(
         if waited > 0.5:
             context.log.info(f"Waited {waited:.1f}s for a {row['model_provider']} model-call token.")
 
-    transcript = Transcript(engine, agent_run_id, row["attempts"])
+    steps = Transcript(engine, agent_run_id, attempt)
     with LeaseKeeper(engine, AGENT_RUNS, agent_run_id, owner, lease_s, on_lost=context.log.warning) as keeper:
         limits = RunLimits(
             max_steps=MAX_STEPS,
@@ -101,14 +134,13 @@ def run_agent(
                 definition=get_agent(row["agent"]),
                 run=row,
                 provider=provider,
-                transcript=transcript,
+                transcript=steps,
                 limits=limits,
                 acquire_model_token=acquire_token,
                 log=context.log.info,
             )
         except LeaseLost as exc:
-            context.log.warning(f"Agent run {agent_run_id}: {exc}. Nothing recorded by this run.")
-            return dg.Output({"agent_run_id": agent_run_id, "outcome": "stopped"}, metadata={"outcome": "stopped"})
+            return lease_lost(context, engine, agent_run_id, attempt, str(exc))
         except AgentStopped as exc:
             raise fail(str(exc)) from None
         except (token_bucket.ModelRateLimited, RateLimited) as exc:
@@ -117,22 +149,56 @@ def run_agent(
             # The row stays RUNNING under this run; the retried step takes it over again.
             raise dg.RetryRequested(max_retries=RATE_LIMIT_RETRIES, seconds_to_wait=wait) from exc
         except ServiceError as exc:
-            transcript.add("error", row["model_provider"], {"error": str(exc)})
+            steps.add("error", row["model_provider"], {"error": str(exc)})
             with engine.begin() as conn:
                 status = retry_or_fail(conn, AGENT_RUNS, agent_run_id, owner, str(exc), retry_delay_s=0)
-            raise dg.Failure(description=f"Agent run {agent_run_id} attempt failed ({exc}); now {status}.") from None
+            now = status or "not recorded: lease lost"
+            raise dg.Failure(
+                description=shown_text(f"Agent run {agent_run_id} attempt {attempt} failed ({exc}); now {now}."),
+                metadata=run_metadata(engine, agent_run_id, attempt),
+            ) from None
 
     with engine.begin() as conn:
         recorded = finish(conn, AGENT_RUNS, agent_run_id, owner, "SUCCEEDED", {"output": result.as_output()})
     if not recorded:
-        raise dg.Failure(description=f"Agent run {agent_run_id}: lease lost before recording the result.")
+        # The result is lost with the lease; whoever holds the row now records its outcome.
+        raise dg.Failure(
+            description=f"Agent run {agent_run_id}: lease lost before recording the result.",
+            metadata=run_metadata(engine, agent_run_id, attempt, result),
+        )
     context.log.info(
         f"Agent run {agent_run_id} SUCCEEDED: {result.steps} model turn(s), {result.tool_calls} tool call(s), "
         f"{result.denials} refused."
     )
     return dg.Output(
         {"agent_run_id": agent_run_id, "outcome": "SUCCEEDED"},
-        metadata={"steps": result.steps, "tool_calls": result.tool_calls, "denials": result.denials},
+        metadata=run_metadata(engine, agent_run_id, attempt, result),
+    )
+
+
+def lease_lost(
+    context: dg.OpExecutionContext, engine: sa.Engine, agent_run_id: int, attempt: int, why: str
+) -> dg.Output[dict[str, Any]]:
+    """The loop stopped because the row is no longer this run's: fail the run if the agent run ended FAILED.
+
+    Whoever took the row recorded its state: an operator's cancel (CANCELLED), or the expiry of this
+    run's lease, which requeued the row or, after its last attempt, FAILED it. A FAILED agent run
+    fails its Dagster run, so the failure shows where Dagster users look; otherwise this run recorded
+    nothing and stays green, saying why.
+    """
+    with engine.connect() as conn:
+        row = get_agent_run(conn, agent_run_id)
+    status = row["status"] if row is not None else "gone"
+    message = f"Agent run {agent_run_id}: {why}; it is {status} now and this run recorded nothing."
+    if status == "FAILED":
+        raise dg.Failure(
+            description=shown_text(f"{message} Its error: {row['error'] if row is not None else ''}"),
+            metadata=run_metadata(engine, agent_run_id, attempt),
+        )
+    context.log.warning(message)
+    return dg.Output(
+        {"agent_run_id": agent_run_id, "outcome": "stopped"},
+        metadata={"outcome": "stopped", "status": status, **run_metadata(engine, agent_run_id, attempt)},
     )
 
 

@@ -1,4 +1,5 @@
-"""The agent-run queue: request (never run inline), list, show, cancel, and the transcript."""
+"""The agent-run queue: request (never run inline; a refusal is kept as a REFUSED row), list, show, cancel,
+retry, and the transcript."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from marketing_pipelines.agents.catalog import TOOLS, get_agent
-from marketing_pipelines.agents.providers import PROVIDER_NAMES, provider_spec
-from marketing_pipelines.agents.users import current_grants, holds, require_user
+from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, get_agent
+from marketing_pipelines.agents.users import Grant, User, current_grants, holds, require_user
 from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.lease import LeaseQueue, cancel
 from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
@@ -31,6 +31,21 @@ AGENT_RUNS = LeaseQueue(
     row_noun="Agent run",
 )
 MAX_INPUT_BYTES = 16 * 1024
+DEFAULT_MAX_ATTEMPTS = 2
+RETRYABLE_STATUSES = ("FAILED", "CANCELLED")
+
+
+class AgentRunRefused(InvalidInput):
+    """A request refused for who asked (inactive, or no permission on the campaign), kept as a REFUSED agent run.
+
+    The REFUSED row is written in the caller's transaction before this is raised: a caller that
+    keeps the trace commits, then re-raises (the command line does).
+    """
+
+    def __init__(self, reason: str, agent_run_id: int) -> None:
+        super().__init__(f"{reason} (recorded as agent run {agent_run_id}, REFUSED)")
+        self.reason = reason
+        self.agent_run_id = agent_run_id
 
 
 def parse_input(value: str | None) -> dict[str, Any]:
@@ -39,6 +54,10 @@ def parse_input(value: str | None) -> dict[str, Any]:
 
 def configured_provider_problem(provider: str, environ: Mapping[str, str]) -> str | None:
     """Why ``provider`` cannot be used in this deployment, or None when it can."""
+    # Deferred: the registry loads every provider's Dagster resource and httpx, which the command
+    # line's read commands (list, show, retry) import this module without needing.
+    from marketing_pipelines.agents.providers.registry import PROVIDER_NAMES, provider_spec
+
     spec = provider_spec(provider)
     if spec is None:
         return f"unknown model provider {provider!r}; known: {', '.join(PROVIDER_NAMES)}"
@@ -57,13 +76,17 @@ def request_agent_run(
     input: Mapping[str, Any] | None = None,
     provider: str = "offline",
     max_run_seconds: int = 300,
-    max_attempts: int = 2,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     environ: Mapping[str, str] | None = None,
 ) -> int:
     """Validate a request, capture the requester's current permissions, insert a QUEUED row.
 
     Returns the agent run id. The agent never runs here: queued_agent_runs_sensor claims the row and a
     Dagster run performs it, so a request survives restarts and obeys the concurrency pool.
+
+    Invalid input raises ``InvalidInput`` and writes nothing. A valid request that its requester may
+    not make inserts a REFUSED row (never claimed: a claim takes only QUEUED) and raises
+    ``AgentRunRefused``, so a refusal leaves a trace that ``agents list`` shows.
     """
     import os
 
@@ -80,25 +103,15 @@ def request_agent_run(
         raise InvalidInput(f"max_attempts must be from 1 to 100, got {max_attempts}")
     require_campaign(conn, campaign_id)
     user = require_user(conn, requested_by)
-    if not user.active:
-        raise InvalidInput(f"user {requested_by!r} is not active and cannot request agent runs")
-    grants = sorted(current_grants(conn, requested_by))
-    needed = sorted({TOOLS[name].permission for name in definition.tools})
-    if not any(holds(grants, permission, campaign_id) for permission in needed):
-        # Refused now, not after a run in which every tool call would be denied.
-        raise InvalidInput(
-            f"user {requested_by!r} holds no permission on campaign {campaign_id!r} that agent {agent!r} uses "
-            f"({', '.join(needed)}); grant one with: marketing-pipelines users grant {requested_by} "
-            f"{needed[0]} --campaign {campaign_id}"
-        )
+    grants, refusal = requester_refusal(conn, user, campaign_id, definition)
     now = datetime.now(UTC)
-    return conn.execute(
+    run_id = conn.execute(
         sa.insert(agent_run)
         .values(
             agent=agent,
             campaign_id=campaign_id,
             input=payload,
-            status="QUEUED",
+            status="QUEUED" if refusal is None else "REFUSED",
             requested_by=requested_by,
             permissions=[g.to_json() for g in grants],
             model_provider=provider,
@@ -106,10 +119,33 @@ def request_agent_run(
             attempts=0,
             max_attempts=max_attempts,
             max_run_seconds=max_run_seconds,
+            error=refusal,
+            finished_at=None if refusal is None else now,
             updated_at=now,
         )
         .returning(agent_run.c.id)
     ).scalar_one()
+    if refusal is not None:
+        # Refused now, not after a run in which every tool call would be denied.
+        raise AgentRunRefused(refusal, run_id)
+    return run_id
+
+
+def requester_refusal(
+    conn: sa.Connection, user: User, campaign_id: str, definition: AgentDefinition
+) -> tuple[list[Grant], str | None]:
+    """The user's grants now, and why they may not run ``definition`` on ``campaign_id`` (None when they may)."""
+    grants = sorted(current_grants(conn, user.id))
+    if not user.active:
+        return grants, f"user {user.id!r} is not active and cannot request agent runs"
+    needed = sorted({TOOLS[name].permission for name in definition.tools})
+    if not any(holds(grants, permission, campaign_id) for permission in needed):
+        return grants, (
+            f"user {user.id!r} holds no permission on campaign {campaign_id!r} that agent {definition.name!r} uses "
+            f"({', '.join(needed)}); grant one with: marketing-pipelines users grant {user.id} "
+            f"{needed[0]} --campaign {campaign_id}"
+        )
+    return grants, None
 
 
 def get_agent_run(conn: sa.Connection, run_id: int) -> sa.RowMapping | None:
@@ -156,15 +192,79 @@ def cancel_agent_run(conn: sa.Connection, run_id: int, reason: str) -> CancelRes
     return CancelResult(cancelled.status, cancelled.run_id)
 
 
-def transcript(conn: sa.Connection, run_id: int) -> list[sa.RowMapping]:
-    s = agent_run_step
-    return list(
-        conn.execute(
-            sa.select(s.c.attempt, s.c.seq, s.c.kind, s.c.name, s.c.content, s.c.created_at)
-            .where(s.c.agent_run_id == run_id)
-            .order_by(s.c.attempt, s.c.seq)
-        ).mappings()
+@dataclass(frozen=True)
+class RetryResult:
+    previous_status: str
+    attempts: int
+    max_attempts: int
+
+
+def retry_agent_run(conn: sa.Connection, run_id: int, attempts: int = DEFAULT_MAX_ATTEMPTS) -> RetryResult:
+    """Queue a FAILED or CANCELLED agent run again, as its requester, with ``attempts`` more attempts.
+
+    The requester must still be active and hold a permission the agent uses on the campaign; the
+    grants are captured again, as at a request. Attempt numbers keep counting (they key the
+    transcript), so the budget is raised to attempts so far + ``attempts``. The row has no column
+    for the budget it was requested with; ``attempts`` defaults to the one a request gets.
+    A REFUSED request never ran and is not retried: a new request is the way.
+    """
+    if not 1 <= attempts <= 100:
+        raise InvalidInput(f"attempts must be from 1 to 100, got {attempts}")
+    row = require_agent_run(conn, run_id)
+    if row["status"] == "REFUSED":
+        raise InvalidInput(
+            f"agent run {run_id} was REFUSED when requested and cannot be retried; once the user may run it, "
+            "request it again with `marketing-pipelines agents request`"
+        )
+    if row["status"] not in RETRYABLE_STATUSES:
+        raise InvalidInput(f"agent run {run_id} is {row['status']}; only FAILED or CANCELLED runs can be retried")
+    # The provider's configuration is not checked here: what counts is the code location's, which
+    # this process cannot see (a run whose provider is not configured fails at once, naming the fix).
+    grants, refusal = requester_refusal(
+        conn, require_user(conn, row["requested_by"]), row["campaign_id"], get_agent(row["agent"])
     )
+    if refusal is not None:
+        raise InvalidInput(f"agent run {run_id} not retried: {refusal}")
+    now = datetime.now(UTC)
+    t = agent_run
+    moved = conn.execute(
+        sa.update(t)
+        # Fenced by status: of two retries at once, the second matches nothing and says so below.
+        .where(t.c.id == run_id, t.c.status.in_(RETRYABLE_STATUSES))
+        .values(
+            status="QUEUED",
+            max_attempts=t.c.attempts + attempts,
+            permissions=[g.to_json() for g in grants],
+            # A retry queues behind what was requested before it instead of jumping the queue, and
+            # queue health measures a queued run's wait from requested_at: the old time would report
+            # a retried run as waiting since its first request.
+            requested_at=now,
+            error=None,
+            output=None,
+            run_id=None,
+            lease_owner=None,
+            lease_expires_at=None,
+            started_at=None,
+            finished_at=None,
+            updated_at=now,
+        )
+        .returning(t.c.attempts, t.c.max_attempts)
+    ).one_or_none()
+    if moved is None:
+        status = require_agent_run(conn, run_id)["status"]
+        raise InvalidInput(f"agent run {run_id} is {status} now; only FAILED or CANCELLED runs can be retried")
+    return RetryResult(row["status"], moved.attempts, moved.max_attempts)
+
+
+def transcript(conn: sa.Connection, run_id: int, attempt: int | None = None) -> list[sa.RowMapping]:
+    """The run's steps in order: every attempt's, or one ``attempt``'s."""
+    s = agent_run_step
+    query = sa.select(s.c.attempt, s.c.seq, s.c.kind, s.c.name, s.c.content, s.c.created_at).where(
+        s.c.agent_run_id == run_id
+    )
+    if attempt is not None:
+        query = query.where(s.c.attempt == attempt)
+    return list(conn.execute(query.order_by(s.c.attempt, s.c.seq)).mappings())
 
 
 def json_safe(value: Any) -> Any:

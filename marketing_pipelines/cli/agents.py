@@ -18,6 +18,7 @@ from marketing_pipelines.cli.common import (
     settings,
 )
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.settings import MODEL_PROVIDERS
 
 # --- users ------------------------------------------------------------------------------------
 
@@ -156,29 +157,35 @@ def agents_request(
       marketing-pipelines agents request --agent campaign_brief --campaign spring-launch \\
         --as ana --input '{"stage": "launch", "tone": "playful"}'
     """
-    from marketing_pipelines.agents.queue import parse_input, request_agent_run
+    from marketing_pipelines.agents.queue import AgentRunRefused, parse_input, request_agent_run
 
     s = settings()
     payload = parse_input(input_json)
+    refused: AgentRunRefused | None = None
     with ready_conn() as conn:
-        run_id = request_agent_run(
-            conn,
-            agent=agent,
-            campaign_id=campaign_id,
-            requested_by=user_id,
-            input=payload,
-            provider=provider or s.model_provider,
-            max_run_seconds=max_run_seconds if max_run_seconds is not None else s.agent_max_run_seconds,
-        )
+        try:
+            run_id = request_agent_run(
+                conn,
+                agent=agent,
+                campaign_id=campaign_id,
+                requested_by=user_id,
+                input=payload,
+                provider=provider or s.model_provider,
+                max_run_seconds=max_run_seconds if max_run_seconds is not None else s.agent_max_run_seconds,
+            )
+        except AgentRunRefused as exc:
+            refused = exc  # caught inside the transaction, so the REFUSED row it wrote is committed
+    if refused is not None:
+        raise refused
     click.echo(run_id)
 
 
 @agents.command("list")
-@click.option("--status", default=None, help="QUEUED, RUNNING, SUCCEEDED, FAILED or CANCELLED.")
+@click.option("--status", default=None, help="QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED or REFUSED.")
 @click.option("--as", "user_id", default=None, help="Only runs requested by this user.")
 @json_option
 def agents_list(status: str | None, user_id: str | None, as_json: bool) -> None:
-    """List agent runs, newest first.
+    """List agent runs, newest first; requests refused when made are listed as REFUSED.
 
     \b
     Example:
@@ -202,6 +209,7 @@ def agents_show(agent_run_id: int, as_json: bool) -> None:
     Example:
       marketing-pipelines agents show 12
     """
+    from marketing_pipelines.agents.display import shown_text
     from marketing_pipelines.agents.queue import require_agent_run, transcript
 
     with ready_conn() as conn:
@@ -210,13 +218,50 @@ def agents_show(agent_run_id: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"run": run, "transcript": steps}, default=str, indent=2))
         return
-    for key in ("id", "agent", "campaign_id", "requested_by", "status", "attempts", "run_id", "error"):
-        click.echo(f"{key:>13}: {cell_text(run.get(key))}")
+    for key in ("id", "agent", "campaign_id", "requested_by", "status", "attempts", "max_attempts", "run_id"):
+        click.echo(f"{key:>13}: {shown_text(cell_text(run.get(key)))}")
+    # Errors and output whole (a table cell is cut at 60 characters), never raw: model text may hold
+    # escape sequences that would rewrite the terminal.
+    click.echo(f"{'error':>13}: {shown_text(run['error']) if run.get('error') else '-'}")
     if run.get("output"):
-        click.echo(f"{'output':>13}:\n{run['output'].get('text', '')}")
+        click.echo(f"{'output':>13}:\n{shown_text(str(run['output'].get('text', '')))}")
     click.echo("transcript:")
     for s in steps:
-        click.echo(f"  [{s['attempt']}.{s['seq']:>2}] {s['kind']:<11} {s['name'] or '':<20} {cell_text(s['content'])}")
+        name = shown_text(s["name"] or "")
+        content, whole = s["content"], {"error": "error", "tool_error": "error", "denial": "reason"}.get(s["kind"])
+        if whole and isinstance(content, dict) and whole in content:
+            text = shown_text(str(content[whole]))
+        else:
+            text = shown_text(cell_text(content))
+        click.echo(f"  [{s['attempt']}.{s['seq']:>2}] {s['kind']:<11} {name:<20} {text}")
+
+
+@agents.command("retry")
+@click.argument("agent_run_id", type=ROW_ID)
+@click.option(
+    "--max-attempts",
+    type=click.IntRange(1, 100),
+    default=None,
+    help="Attempts the retry may make (1-100; default: as many as a request gets).",
+)
+def agents_retry(agent_run_id: int, max_attempts: int | None) -> None:
+    """Queue a FAILED or CANCELLED agent run again, as its requester, with a fresh attempt budget.
+
+    The requester must still be active and hold a permission the agent uses on the campaign; the
+    run acts with their grants as they are now. A REFUSED request is not retried: request it again.
+
+    \b
+    Example:
+      marketing-pipelines agents retry 12
+    """
+    from marketing_pipelines.agents.queue import DEFAULT_MAX_ATTEMPTS, retry_agent_run
+
+    with ready_conn() as conn:
+        result = retry_agent_run(conn, agent_run_id, max_attempts or DEFAULT_MAX_ATTEMPTS)
+    click.echo(
+        f"agent run {agent_run_id} queued again (was {result.previous_status}): "
+        f"up to {result.max_attempts - result.attempts} more attempt(s)"
+    )
 
 
 @agents.command("cancel")
@@ -265,12 +310,11 @@ def limits_show(as_json: bool) -> None:
     Example:
       marketing-pipelines limits show
     """
-    from marketing_pipelines.agents.providers import PROVIDER_NAMES
     from marketing_pipelines.agents.token_bucket import ensure_bucket, list_buckets
 
     s = settings()
     with ready_conn() as conn:
-        for provider in PROVIDER_NAMES:
+        for provider in MODEL_PROVIDERS:
             ensure_bucket(conn, provider, s.max_model_calls_per_minute)
         # Tokens refill continuously; two decimals say as much as 55.05801618099213 does.
         rows = [
@@ -296,11 +340,10 @@ def limits_set(provider: str, calls_per_minute: float, burst: float | None) -> N
     Example:
       marketing-pipelines limits set anthropic --calls-per-minute 50
     """
-    from marketing_pipelines.agents.providers import PROVIDER_NAMES
     from marketing_pipelines.agents.token_bucket import configure_bucket
 
-    if provider not in PROVIDER_NAMES:
-        raise InvalidInput(f"unknown provider {provider!r}; known: {', '.join(PROVIDER_NAMES)}")
+    if provider not in MODEL_PROVIDERS:
+        raise InvalidInput(f"unknown provider {provider!r}; known: {', '.join(MODEL_PROVIDERS)}")
     with ready_conn() as conn:
         configure_bucket(conn, provider, calls_per_minute, burst)
     click.echo(f"{provider}: {calls_per_minute:g} calls/minute, burst {burst or calls_per_minute:g}")

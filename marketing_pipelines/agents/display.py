@@ -1,0 +1,125 @@
+"""What an agent run shows outside the database: its output and transcript as Markdown, and text for terminals.
+
+Model output, tool arguments and errors are untrusted (a prompt-injected model writes whatever it
+was told to). Everything shown here passes through ``redact_urls`` and loses its control
+characters; Markdown puts untrusted text only inside fenced code blocks (see ``code_block``).
+Dagster-free, so the command line can use it without importing Dagster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from marketing_pipelines.redact import redact_urls
+
+OUTPUT_CHARS = 8_000
+LINE_CHARS = 240
+TRANSCRIPT_LINES = 100
+
+# C0 and C1 controls except tab and newline, and the bidirectional overrides that make a terminal
+# or a page show text in another order than it is stored ("Trojan source").
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_BACKTICKS = re.compile(r"`+")
+_WHITESPACE = re.compile(r"\s+")
+
+
+def _escape_control(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def shown_text(text: str) -> str:
+    """``text`` as it may be shown: URLs redacted, each control character written as ``\\xNN`` / ``\\uNNNN``."""
+    return _CONTROL.sub(_escape_control, redact_urls(text))
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _one_line(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    return _cut(_WHITESPACE.sub(" ", shown_text(text)).strip(), LINE_CHARS)
+
+
+def code_block(text: str) -> str:
+    """``text`` in a fenced code block that nothing inside it can close.
+
+    A fenced code block is the one Markdown construct whose content the renderer never parses: no
+    links, images, autolinks or raw HTML, whichever extensions the Dagster UI's renderer enables.
+    Escaping Markdown characters instead would be a deny-list over a grammar (CommonMark, GFM
+    autolinks, HTML) that a renderer may extend. The fence is longer than any run of backticks in
+    the text, so the text cannot end the block early.
+    """
+    longest = max((len(run) for run in _BACKTICKS.findall(text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}\n{text}\n{fence}"
+
+
+def output_markdown(text: str, agent_run_id: int) -> str:
+    """An agent run's output for the Dagster UI: the model's text verbatim (not rendered), cut to a sane size."""
+    shown = shown_text(text)
+    if not shown.strip():
+        return "*(the agent gave no text)*"
+    block = code_block(_cut(shown, OUTPUT_CHARS))
+    if len(shown) > OUTPUT_CHARS:
+        block += f"\n\nCut at {OUTPUT_CHARS} characters; all of it: `marketing-pipelines agents show {agent_run_id}`."
+    return block
+
+
+def transcript_lines(steps: Iterable[Mapping[str, Any]]) -> list[str]:
+    """One line per model turn and per tool call (with its outcome); refused calls start with ``refused:``."""
+    lines: list[str] = []
+    calls: dict[str, int] = {}  # tool call id -> index of its line, to add the outcome to it
+    turns = 0
+    for step in steps:
+        kind, name, content = step["kind"], step["name"] or "", step["content"]
+        content = content if isinstance(content, dict) else {"value": content}
+        if kind == "model_turn":
+            turns += 1
+            text = _one_line(content.get("text") or "") or "(no text)"
+            asked = len(content.get("tool_calls") or [])
+            asks = f" [{asked} tool call(s)]" if asked else ""
+            lines.append(f"model turn {turns} ({_one_line(name)}): {text}{asks}")
+        elif kind == "tool_call":
+            calls[str(content.get("id"))] = len(lines)
+            lines.append(f"tool call {_one_line(name)} {_one_line(content.get('arguments', {}))}")
+        elif kind in ("tool_result", "denial", "tool_error"):
+            index = calls.get(str(content.get("id")))
+            call = lines[index] if index is not None else f"tool call {_one_line(name)}"
+            if kind == "tool_result":
+                line = f"{call} -> ok"
+            elif kind == "denial":
+                line = f"refused: {call} -> {_one_line(content.get('reason', ''))}"
+            else:
+                line = f"{call} -> error: {_one_line(content.get('error', ''))}"
+            if index is None:
+                lines.append(line)
+            else:
+                lines[index] = line
+        elif kind == "error":
+            lines.append(f"error: {_one_line(content.get('error', content))}")
+        # "task" is the run's own input, already in the run's config and tags.
+    return [_cut(line, LINE_CHARS * 2) for line in lines]
+
+
+def transcript_markdown(steps: Iterable[Mapping[str, Any]], agent_run_id: int, attempt: int) -> str:
+    """This attempt's transcript for the Dagster UI: counts, then one line per model turn and tool call."""
+    lines = transcript_lines(steps)
+    turns = sum(line.startswith("model turn ") for line in lines)
+    calls = sum(line.startswith(("tool call ", "refused: ")) for line in lines)
+    refused = sum(line.startswith("refused: ") for line in lines)
+    head = f"Attempt {attempt}: {turns} model turn(s), {calls} tool call(s), {refused} refused."
+    if not lines:
+        return head
+    shown = lines[:TRANSCRIPT_LINES]
+    text = f"{head}\n\n{code_block(chr(10).join(shown))}"
+    if len(lines) > TRANSCRIPT_LINES:
+        text += (
+            f"\n\n{len(lines) - TRANSCRIPT_LINES} more line(s); the whole transcript: "
+            f"`marketing-pipelines agents show {agent_run_id}`."
+        )
+    return text

@@ -1,0 +1,320 @@
+"""What an agent run's Dagster run shows and how it ends: output and transcript metadata, failures that fail it."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import dagster as dg
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from marketing_pipelines.agents import users
+from marketing_pipelines.agents.display import code_block, transcript_markdown
+from marketing_pipelines.agents.jobs import agent_run_job
+from marketing_pipelines.agents.models import ModelGateway
+from marketing_pipelines.agents.providers.anthropic import AnthropicModel
+from marketing_pipelines.agents.providers.types import ModelProvider
+from marketing_pipelines.agents.queue import AGENT_RUNS, cancel_agent_run, get_agent_run, request_agent_run
+from marketing_pipelines.agents.resources import AgentSettings
+from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
+from marketing_pipelines.db.lease import recover_expired
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.db.schema import agent_run
+from marketing_pipelines_tests.factories import add_campaign
+
+Answer = Callable[[int, dict[str, Any]], httpx.Response]
+
+INJECTED = (
+    "Headline: Spring!\n"
+    "[claim your prize](https://evil.example/win?token=s3cr3t) ![pixel](https://evil.example/p.png)\n"
+    '<img src="https://evil.example/x.png"> <a href="https://evil.example">x</a>\n'
+    "``` closing the fence early\n"
+    "\x1b]8;;https://evil.example\x07terminal link\x1b]8;;\x07 \u202eevil\n"
+)
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
+def people(engine: sa.Engine) -> sa.Engine:
+    add_campaign(engine, "spring-launch")
+    with engine.begin() as conn:
+        users.add_user(conn, "ana")
+        for permission in ("campaign:read", "measurement:read"):
+            users.grant(conn, "ana", permission)
+    return engine
+
+
+def _message(content: list[dict[str, Any]], stop_reason: str) -> dict[str, Any]:
+    return {
+        "id": "msg_01",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+
+
+def text_turn(text: str) -> httpx.Response:
+    return httpx.Response(200, json=_message([{"type": "text", "text": text}], "end_turn"))
+
+
+def tool_turn(text: str, tool: str, arguments: dict[str, Any], call_id: str = "toolu_01") -> httpx.Response:
+    content = [{"type": "text", "text": text}, {"type": "tool_use", "id": call_id, "name": tool, "input": arguments}]
+    return httpx.Response(200, json=_message(content, "tool_use"))
+
+
+def anthropic_gateway(answer: Answer) -> ModelGateway:
+    """The real Anthropic provider, its HTTP answered by ``answer(call number, request body)``."""
+    calls = [0]
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls[0] += 1
+        return answer(calls[0], json.loads(request.content))
+
+    class Mocked(AnthropicModel):
+        def _client(self) -> httpx.Client:
+            return httpx.Client(base_url=self.base_url, transport=httpx.MockTransport(handle))
+
+    class Gateway(ModelGateway):
+        def provider(self, name: str) -> ModelProvider:
+            return Mocked(api_key="test-key")
+
+    return Gateway()
+
+
+def _request(engine: sa.Engine, **kw: Any) -> int:
+    args: dict[str, Any] = {
+        "agent": "campaign_brief",
+        "campaign_id": "spring-launch",
+        "requested_by": "ana",
+        "input": {"stage": "launch"},
+        "provider": "anthropic",
+        "environ": {"ANTHROPIC_API_KEY": "k"},
+    }
+    args.update(kw)
+    with engine.begin() as conn:
+        return request_agent_run(conn, **args)
+
+
+def _run_one(
+    db_url: str, instance: dg.DagsterInstance, models: ModelGateway, settings: AgentSettings | None = None
+) -> dg.ExecuteInProcessResult:
+    settings = settings or AgentSettings()
+    context = dg.build_sensor_context(
+        instance=instance, resources={"app_db": AppDatabase(url=db_url), "agent_settings": settings}
+    )
+    result = queued_agent_runs_sensor(context)
+    assert isinstance(result, dg.SensorResult)
+    [request] = result.run_requests or []
+    return agent_run_job.execute_in_process(
+        run_config=request.run_config,
+        tags=request.tags,
+        instance=instance,
+        resources={"app_db": AppDatabase(url=db_url), "models": models, "agent_settings": settings},
+        raise_on_error=False,
+    )
+
+
+def _output_metadata(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
+    [output] = [e for e in result.events_for_node("run_agent") if e.is_successful_output]
+    return {k: v.value for k, v in output.step_output_data.metadata.items()}
+
+
+def _failure(result: dg.ExecuteInProcessResult) -> tuple[str, dict[str, Any]]:
+    failure = result.failure_data_for_node("run_agent")
+    assert failure is not None and failure.user_failure_data is not None
+    data = failure.user_failure_data
+    return data.description or "", {k: v.value for k, v in data.metadata.items()}
+
+
+def _row(engine: sa.Engine, run_id: int) -> sa.RowMapping:
+    with engine.connect() as conn:
+        row = get_agent_run(conn, run_id)
+    assert row is not None
+    return row
+
+
+def _only_code(markdown: str) -> list[str]:
+    """The text of ``markdown`` outside fenced code blocks (CommonMark: a block ends at a fence at least as long)."""
+    outside: list[str] = []
+    fence: str | None = None
+    for line in markdown.split("\n"):
+        match = re.match(r"^ {0,3}(`{3,})", line)
+        if fence is None and match:
+            fence = match.group(1)
+        elif fence is not None and match and match.group(1).startswith(fence) and line.strip() == match.group(1):
+            fence = None
+        elif fence is None:
+            outside.append(line)
+    assert fence is None, "a code block was left open"
+    return outside
+
+
+def test_a_succeeded_run_shows_its_output_and_transcript_neutralised(
+    people: sa.Engine, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    run_id = _request(people)
+
+    def answer(call: int, body: dict[str, Any]) -> httpx.Response:
+        if call == 1:
+            return tool_turn(
+                "Reading [the campaign](https://evil.example/?k=1).", "read_campaign", {"campaign_id": "spring-launch"}
+            )
+        return text_turn(INJECTED)
+
+    result = _run_one(db_url, instance, anthropic_gateway(answer))
+    assert result.success and _row(people, run_id)["status"] == "SUCCEEDED"
+    metadata = _output_metadata(result)
+    output, summary = metadata["output"], metadata["transcript"]
+    for shown in (output, summary):
+        # Whatever the model wrote is inside code blocks: nothing it wrote is rendered as a link,
+        # an image or HTML, and no URL keeps its query nor any control character survives.
+        assert all("evil" not in line and "http" not in line for line in _only_code(shown))
+        assert "s3cr3t" not in shown and "k=1" not in shown
+        assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "https://evil.example/win?***" in output and "\\x1b" in output
+    assert summary.splitlines()[0] == "Attempt 1: 2 model turn(s), 1 tool call(s), 0 refused."
+    assert 'tool call read_campaign {"campaign_id": "spring-launch"} -> ok' in summary
+    assert (metadata["steps"], metadata["tool_calls"], metadata["denials"]) == (2, 1, 0)
+
+
+def test_a_failed_run_carries_its_transcript_with_refusals_marked(
+    people: sa.Engine, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    run_id = _request(people)
+
+    def answer(call: int, body: dict[str, Any]) -> httpx.Response:
+        # Never a final answer: only calls of a tool this agent does not have, until the step limit.
+        return tool_turn(f"turn {call}", "send_email", {"to": "all"}, call_id=f"toolu_{call}")
+
+    result = _run_one(db_url, instance, anthropic_gateway(answer))
+    assert not result.success
+    row = _row(people, run_id)
+    assert row["status"] == "FAILED" and "step limit" in row["error"]
+    description, metadata = _failure(result)
+    assert "step limit" in description
+    lines = _only_code(metadata["transcript"])
+    assert lines[0] == "Attempt 1: 8 model turn(s), 8 tool call(s), 8 refused."
+    assert metadata["transcript"].count("refused: tool call send_email") == 8
+    assert "output" not in metadata
+
+
+def test_a_provider_not_configured_where_the_run_executes_fails_once_naming_the_fix(
+    people: sa.Engine, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    # Configured where the request was made, not in the code location: ModelGateway() holds no key.
+    run_id = _request(people, max_attempts=3)
+    result = _run_one(db_url, instance, ModelGateway())
+    assert not result.success
+    row = _row(people, run_id)
+    assert (row["status"], row["attempts"], row["max_attempts"]) == ("FAILED", 1, 3)
+    assert "set ANTHROPIC_API_KEY" in row["error"] and "reload the code location" in row["error"]
+    assert f"agents retry {run_id}" in row["error"]
+    description, _ = _failure(result)
+    assert "not retried" in description
+    # Nothing is left to claim: the run is not retried though attempts remain.
+    context = dg.build_sensor_context(
+        instance=instance, resources={"app_db": AppDatabase(url=db_url), "agent_settings": AgentSettings()}
+    )
+    assert isinstance(queued_agent_runs_sensor(context), dg.SkipReason)
+
+
+def _wait_for_lost_lease(instance: dg.DagsterInstance, timeout_s: float = 60.0) -> None:
+    """Until the run's lease keeper has logged the loss (its next renewal), so the loop sees it at its next step."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        [run] = instance.get_runs(limit=1)
+        if any("lease lost" in (entry.user_message or "") for entry in instance.all_logs(run.run_id)):
+            return
+        time.sleep(0.1)
+    raise AssertionError("the lease keeper never noticed the lost lease")
+
+
+def _expire_and_recover(engine: sa.Engine, run_id: int) -> None:
+    # The lease ran out (a stalled worker) and a sensor's recovery gave up after the last attempt.
+    with engine.begin() as conn:
+        past = datetime.now(UTC) - timedelta(minutes=1)
+        conn.execute(sa.update(agent_run).where(agent_run.c.id == run_id).values(lease_expires_at=past))
+        assert recover_expired(conn, AGENT_RUNS).failed == (run_id,)
+
+
+def _cancel(engine: sa.Engine, run_id: int) -> None:
+    with engine.begin() as conn:
+        cancel_agent_run(conn, run_id, "cancelled by a test")
+
+
+@pytest.mark.parametrize(
+    ("take_row", "status", "success"),
+    [
+        # Its lease expired and recovery failed it at its last attempt: the Dagster run fails too.
+        (_expire_and_recover, "FAILED", False),
+        # An operator cancelled it: this run recorded nothing and stays green, saying why.
+        (_cancel, "CANCELLED", True),
+    ],
+)
+def test_a_run_that_loses_its_lease_fails_when_its_agent_run_ended_failed(
+    people: sa.Engine,
+    db_url: str,
+    instance: dg.DagsterInstance,
+    take_row: Callable[[sa.Engine, int], None],
+    status: str,
+    success: bool,
+) -> None:
+    run_id = _request(people, max_attempts=1)
+
+    def answer(call: int, body: dict[str, Any]) -> httpx.Response:
+        take_row(people, run_id)
+        _wait_for_lost_lease(instance)
+        return tool_turn("Reading the campaign.", "read_campaign", {"campaign_id": "spring-launch"})
+
+    # The shortest lease: the keeper renews (and finds the loss) every 5/3 seconds.
+    result = _run_one(db_url, instance, anthropic_gateway(answer), AgentSettings(lease_grace_seconds=5))
+    assert _row(people, run_id)["status"] == status
+    assert result.success is success
+    said = f"it is {status} now and this run recorded nothing"
+    if success:
+        assert any(said in (entry.user_message or "") for entry in instance.all_logs(result.run_id))
+    else:
+        description, metadata = _failure(result)
+        assert said in description and "gave up after the last attempt" in description
+        assert metadata["transcript"].startswith("Attempt 1: 1 model turn(s)")
+
+
+def test_transcript_markdown_cuts_long_transcripts_and_lines() -> None:
+    steps = [
+        {"kind": "model_turn", "name": "anthropic", "content": {"text": "x" * 10_000, "tool_calls": []}}
+        for _ in range(150)
+    ]
+    shown = transcript_markdown(steps, 7, 1)
+    assert "50 more line(s); the whole transcript: `marketing-pipelines agents show 7`." in shown
+    assert max(len(line) for line in shown.splitlines()) <= 480
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain",
+        "```",  # a fence of its own
+        "a ```` b ````` c",  # runs longer than the default fence
+    ],
+)
+def test_code_block_cannot_be_closed_by_its_text(text: str) -> None:
+    block = code_block(text)
+    fence = block.split("\n", 1)[0]
+    assert block == f"{fence}\n{text}\n{fence}"
+    assert _only_code(block) == []
+    assert max((len(r) for r in re.findall("`+", text)), default=0) < len(fence)
