@@ -293,14 +293,18 @@ def test_ui_gives_its_dagster_dev_its_own_url_for_run_links_and_says_how_to_expo
     started: list[tuple[list[str], dict[str, str]]] = []
 
     def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
-        # dagster dev would replace the test process: record what it would have started with.
-        started.append((argv, env))
+        # dagster dev would replace the test process: record what it would have started with, and where.
+        started.append((argv, {**env, "cwd": os.getcwd()}))
         raise SystemExit(0)
 
     monkeypatch.setattr(os, "execve", execve)
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "dagster.yaml").write_text("telemetry: {enabled: false}\n")  # as in the repository's root
     result = invoke({"MARKETING_DATABASE_URL": f"sqlite:///{tmp_path / 'ui.db'}"}, "ui", "--port", "3111")
     assert result.exit_code == 0, result.output
     [(argv, env)] = started
     assert argv[-2:] == ["-p", "3111"] and env["MARKETING_DAGSTER_UI_URL"] == "http://127.0.0.1:3111"
     assert "export MARKETING_DAGSTER_UI_URL=http://127.0.0.1:3111" in result.stderr
+    # Started from its instance's folder, so another dagster.yaml where the user stands draws no warning.
+    assert env["cwd"] == env["DAGSTER_HOME"]
+    assert env["MARKETING_DATABASE_URL"] == f"sqlite:///{tmp_path / 'ui.db'}"

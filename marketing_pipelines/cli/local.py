@@ -46,6 +46,10 @@ def ui_command(port: int) -> None:
     argv = [sys.executable, "-W", quiet, str(dagster), "dev", "-m", "marketing_pipelines.definitions", "-p", str(port)]
     click.echo(f"Dagster UI on {ui_url}, instance {home}", err=True)
     click.echo(f"For links to its runs in `executions show`: export MARKETING_DAGSTER_UI_URL={ui_url}", err=True)
+    # From the instance's own folder: started in a folder holding another dagster.yaml (the repository's
+    # root) dagster dev warns that the file there is ignored, which says nothing to this command's user.
+    # Every path it needs is absolute (DAGSTER_HOME, the database URL); the code loads as a module.
+    os.chdir(home)
     os.execve(sys.executable, argv, env)  # dagster dev owns the terminal and its signals from here
 
 
