@@ -13,12 +13,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import dagster as dg
 import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.migrate import upgrade
 from marketing_pipelines.db.schema import metadata
+from marketing_pipelines_tests.webserver import Recorder, webhook_server
 
 DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
@@ -88,3 +90,17 @@ def db_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def engine(db_url: str) -> sa.Engine:
     return get_engine(db_url)
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    """A throwaway Dagster instance (its own temporary DAGSTER_HOME)."""
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+@pytest.fixture
+def hook() -> Iterator[Recorder]:
+    """A local webhook receiver on 127.0.0.1 that records every POST."""
+    with webhook_server() as recorder:
+        yield recorder

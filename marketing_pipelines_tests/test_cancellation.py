@@ -4,7 +4,7 @@ agent-run failure reconciliation, on both databases."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
@@ -31,13 +31,6 @@ from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Received, webhook_server
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as inst:
-        yield inst
-
 
 Cli = Callable[..., tuple[int, str]]
 

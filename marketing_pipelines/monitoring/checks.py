@@ -7,6 +7,7 @@ executes them from the UI.
 """
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import dagster as dg
 
@@ -52,30 +53,27 @@ def _description(verdict: CheckVerdict) -> str:
     )
 
 
+def _fields(verdict: CheckVerdict) -> dict[str, Any]:
+    """What the sensor's evaluation and a run's result share: Dagster has a class for each."""
+    key = check_key(verdict)
+    return {
+        "asset_key": key.asset_key,
+        "check_name": key.name,
+        "passed": verdict.passed,
+        "metadata": _metadata(verdict),
+        "severity": verdict.severity or dg.AssetCheckSeverity.WARN,
+        "description": _description(verdict),
+    }
+
+
 def check_evaluation(verdict: CheckVerdict) -> dg.AssetCheckEvaluation:
     """The verdict as the event a sensor records (no run)."""
-    key = check_key(verdict)
-    return dg.AssetCheckEvaluation(
-        asset_key=key.asset_key,
-        check_name=key.name,
-        passed=verdict.passed,
-        metadata=_metadata(verdict),
-        severity=verdict.severity or dg.AssetCheckSeverity.WARN,
-        description=_description(verdict),
-    )
+    return dg.AssetCheckEvaluation(**_fields(verdict))
 
 
 def check_result(verdict: CheckVerdict) -> dg.AssetCheckResult:
     """The verdict as the result of a check executed in a run."""
-    key = check_key(verdict)
-    return dg.AssetCheckResult(
-        asset_key=key.asset_key,
-        check_name=key.name,
-        passed=verdict.passed,
-        metadata=_metadata(verdict),
-        severity=verdict.severity or dg.AssetCheckSeverity.WARN,
-        description=_description(verdict),
-    )
+    return dg.AssetCheckResult(**_fields(verdict))
 
 
 def failing_text(verdicts: Sequence[CheckVerdict]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,12 +37,6 @@ INJECTED = (
     "``` closing the fence early\n"
     "\x1b]8;;https://evil.example\x07terminal link\x1b]8;;\x07 \u202eevil\n"
 )
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as inst:
-        yield inst
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
@@ -25,12 +24,6 @@ from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines_tests.factories import add_campaign
 
 ALL_READ = ("campaign:read", "measurement:read", "execution:read")
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as inst:
-        yield inst
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -32,12 +31,6 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines_tests.factories import add_campaign
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as inst:
-        yield inst
 
 
 @pytest.fixture

@@ -7,11 +7,9 @@ execution of the batch on its own (its row, its attempt history, the POSTs its r
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import dagster as dg
-import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.db.resources import AppDatabase
@@ -29,19 +27,7 @@ from marketing_pipelines.executions.sensors import (
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
-from marketing_pipelines_tests.webserver import Received, Recorder, webhook_server
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as inst:
-        yield inst
-
-
-@pytest.fixture
-def hook() -> Iterator[Recorder]:
-    with webhook_server() as recorder:
-        yield recorder
+from marketing_pipelines_tests.webserver import Received, Recorder
 
 
 def _schedule(engine: sa.Engine, url: str, max_attempts: int = 3, n: int = 1) -> list[int]:

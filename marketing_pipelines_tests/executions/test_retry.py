@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,22 +31,10 @@ from marketing_pipelines.executions.sensors import due_executions_sensor
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.test_cli import Cli, cli_for
-from marketing_pipelines_tests.webserver import Recorder, webhook_server
+from marketing_pipelines_tests.webserver import Recorder
 
 BACKING_OFF = ExecutionSettings(retry_backoff_seconds=600)
 HOUR = timedelta(hours=1)
-
-
-@pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as inst:
-        yield inst
-
-
-@pytest.fixture
-def hook() -> Iterator[Recorder]:
-    with webhook_server() as recorder:
-        yield recorder
 
 
 def _cli(db_url: str, ui_url: str | None = None) -> Cli:

@@ -31,12 +31,6 @@ BACKING_OFF = ExecutionSettings(retry_backoff_seconds=600)
 
 
 @pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as inst:
-        yield inst
-
-
-@pytest.fixture
 def hook() -> Iterator[Recorder]:
     with webhook_server() as recorder:
         # Path /hook/0 answers 500; every other path 200.

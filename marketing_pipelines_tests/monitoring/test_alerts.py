@@ -34,12 +34,6 @@ SECRET = "T000/B000/XXXXSECRETXXXX"
 
 
 @pytest.fixture
-def instance() -> Iterator[dg.DagsterInstance]:
-    with dg.instance_for_test() as inst:
-        yield inst
-
-
-@pytest.fixture
 def slack() -> Iterator[Recorder]:
     """The alert receiver."""
     with webhook_server() as recorder:
