@@ -2,7 +2,7 @@
 
 It launches no run: the daemon records what it returns (``SensorResult.asset_events``) without one,
 so the queue assets' pages plot the figures and their checks show WARN / ERROR as they happen. The
-tick's skip reason says what it read; the sensor logs only when a check fails.
+tick's skip reason says what it read; the sensor logs only when a check starts failing.
 """
 
 import dagster as dg
@@ -51,9 +51,17 @@ def queue_health_sensor(
         health = queue_health(conn)
     verdicts = health_settings.verdicts(health)
     failing = failing_text(verdicts)
-    if failing:
-        context.log.warning(f"Queue health: {failing}")
+    # The cursor names the checks failing at the last tick (with their severity): the daemon's log gets
+    # a line when a check starts failing or changes severity, not one a minute while it stays so.
+    now_failing = sorted(f"{v.queue}.{v.check}:{v.severity.value}" for v in verdicts if not v.passed and v.severity)
+    before = set((context.cursor or "").split(",")) - {""}
+    newly = [
+        v for v in verdicts if not v.passed and v.severity and f"{v.queue}.{v.check}:{v.severity.value}" not in before
+    ]
+    if newly:
+        context.log.warning(f"Queue health: {failing_text(newly)}")
     return dg.SensorResult(
         asset_events=[*queue_observations(health), *(check_evaluation(v) for v in verdicts)],
         skip_reason=summary(health) + (f"; failing: {failing}" if failing else "; all checks passed"),
+        cursor=",".join(now_failing),
     )

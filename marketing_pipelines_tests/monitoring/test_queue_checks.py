@@ -173,7 +173,7 @@ class Records(logging.Handler):
 
 
 @pytest.mark.parametrize("failing", [False, True])
-def test_sensor_logs_only_when_a_check_fails(db_url: str, engine: sa.Engine, failing: bool) -> None:
+def test_sensor_logs_only_when_a_check_starts_failing(db_url: str, engine: sa.Engine, failing: bool) -> None:
     prepare(engine)
     if failing:
         add_execution(engine, "SCHEDULED", datetime.now(UTC) - timedelta(hours=1))
@@ -183,10 +183,20 @@ def test_sensor_logs_only_when_a_check_fails(db_url: str, engine: sa.Engine, fai
     )
     handler = Records()
     context.log.addHandler(handler)
-    queue_health_sensor(context)
+    first = queue_health_sensor(context)
     assert [(r.levelname, "executions due_lag 3600 s (ERROR" in r.getMessage()) for r in handler.records] == (
         [("WARNING", True)] if failing else []
     )
+    # The next tick, the same checks still failing: nothing more in the daemon's log (the UI has each tick).
+    again = dg.build_sensor_context(
+        instance=dg.DagsterInstance.ephemeral(),
+        cursor=first.cursor,
+        resources={"app_db": AppDatabase(url=db_url), "health_settings": THRESHOLDS},
+    )
+    quiet = Records()
+    again.log.addHandler(quiet)
+    assert isinstance(queue_health_sensor(again), dg.SensorResult)
+    assert quiet.records == []
 
 
 def test_the_instance_records_the_sensors_events_against_the_declared_checks(db_url: str, engine: sa.Engine) -> None:
