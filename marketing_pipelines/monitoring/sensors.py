@@ -11,7 +11,7 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.monitoring.assets import queue_observations
 from marketing_pipelines.monitoring.checks import check_evaluation, failing_text
 from marketing_pipelines.monitoring.health import QueueHealth, queue_health
-from marketing_pipelines.monitoring.resources import HealthSettings
+from marketing_pipelines.monitoring.resources import CheckVerdict, HealthSettings
 
 INTERVAL_SECONDS = 60
 
@@ -25,6 +25,12 @@ def summary(health: QueueHealth) -> str:
         f"agent runs: {a.queued} queued{_oldest(a.oldest_queued_seconds)}, {a.running} running, "
         f"{a.failed_last_hour} failed in the last hour"
     )
+
+
+def _state(verdict: CheckVerdict) -> str:
+    """``executions.due_lag:ERROR``: a failing check and its severity, as the cursor keeps it."""
+    severity = verdict.severity.value if verdict.severity else "WARN"
+    return f"{verdict.queue}.{verdict.check}:{severity}"
 
 
 def _oldest(seconds: float | None) -> str:
@@ -53,15 +59,13 @@ def queue_health_sensor(
     failing = failing_text(verdicts)
     # The cursor names the checks failing at the last tick (with their severity): the daemon's log gets
     # a line when a check starts failing or changes severity, not one a minute while it stays so.
-    now_failing = sorted(f"{v.queue}.{v.check}:{v.severity.value}" for v in verdicts if not v.passed and v.severity)
+    now_failing = {_state(v): v for v in verdicts if not v.passed}
     before = set((context.cursor or "").split(",")) - {""}
-    newly = [
-        v for v in verdicts if not v.passed and v.severity and f"{v.queue}.{v.check}:{v.severity.value}" not in before
-    ]
+    newly = [v for state, v in now_failing.items() if state not in before]
     if newly:
         context.log.warning(f"Queue health: {failing_text(newly)}")
     return dg.SensorResult(
         asset_events=[*queue_observations(health), *(check_evaluation(v) for v in verdicts)],
         skip_reason=summary(health) + (f"; failing: {failing}" if failing else "; all checks passed"),
-        cursor=",".join(now_failing),
+        cursor=",".join(sorted(now_failing)),
     )
