@@ -25,6 +25,8 @@ class Recorder:
     on_request: Callable[[Received], None] | None = None
     # Per-request status (e.g. by path); ``status`` when None.
     status_for: Callable[[Received], int] | None = None
+    # The response body; None: ``{"ok": <status < 300>}``.
+    body: bytes | None = None
 
     @property
     def url(self) -> str:
@@ -49,7 +51,7 @@ def webhook_server(status: int = 200) -> Iterator[Recorder]:
             self.send_response(status)
             self.send_header("content-type", "application/json")
             self.end_headers()
-            self.wfile.write(json.dumps({"ok": status < 300}).encode())
+            self.wfile.write(recorder.body if recorder.body is not None else json.dumps({"ok": status < 300}).encode())
 
         def log_message(self, *args: Any) -> None:
             pass

@@ -1,8 +1,8 @@
 """What an agent run shows outside the database: its output and transcript as Markdown, and text for terminals.
 
 Model output, tool arguments and errors are untrusted (a prompt-injected model writes whatever it
-was told to). Everything shown here passes through ``redact_urls`` and loses its control
-characters; Markdown puts untrusted text only inside fenced code blocks (see ``code_block``).
+was told to). Everything shown here passes through ``redact.shown_text`` (URLs redacted, control
+characters written visibly); Markdown puts untrusted text only inside fenced code blocks (see ``code_block``).
 Dagster-free, so the command line can use it without importing Dagster.
 """
 
@@ -13,27 +13,14 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from marketing_pipelines.redact import redact_urls
+from marketing_pipelines.redact import shown_text
 
 OUTPUT_CHARS = 8_000
 LINE_CHARS = 240
 TRANSCRIPT_LINES = 100
 
-# C0 and C1 controls except tab and newline, and the bidirectional overrides that make a terminal
-# or a page show text in another order than it is stored ("Trojan source").
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _BACKTICKS = re.compile(r"`+")
 _WHITESPACE = re.compile(r"\s+")
-
-
-def _escape_control(match: re.Match[str]) -> str:
-    code = ord(match.group(0))
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-
-def shown_text(text: str) -> str:
-    """``text`` as it may be shown: URLs redacted, each control character written as ``\\xNN`` / ``\\uNNNN``."""
-    return _CONTROL.sub(_escape_control, redact_urls(text))
 
 
 def _cut(text: str, limit: int) -> str:

@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents import token_bucket
 from marketing_pipelines.agents.catalog import get_agent
-from marketing_pipelines.agents.display import output_markdown, shown_text, transcript_markdown
+from marketing_pipelines.agents.display import output_markdown, transcript_markdown
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript, get_agent_run, transcript
 from marketing_pipelines.agents.resources import AgentSettings
@@ -19,6 +19,7 @@ from marketing_pipelines.db.lease import LeaseKeeper, finish, retry_or_fail
 from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.http import RateLimited, ServiceError
+from marketing_pipelines.redact import shown_text
 
 OP_NAME = "run_agent"
 POOL = "agent_runs"

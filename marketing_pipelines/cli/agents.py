@@ -209,8 +209,8 @@ def agents_show(agent_run_id: int, as_json: bool) -> None:
     Example:
       marketing-pipelines agents show 12
     """
-    from marketing_pipelines.agents.display import shown_text
     from marketing_pipelines.agents.queue import require_agent_run, transcript
+    from marketing_pipelines.redact import shown_text
 
     with ready_conn() as conn:
         run = dict(require_agent_run(conn, agent_run_id))

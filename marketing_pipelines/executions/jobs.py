@@ -37,7 +37,7 @@ from marketing_pipelines.executions.queue import (
 )
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.webhook import WebhookClient
-from marketing_pipelines.redact import redact_urls
+from marketing_pipelines.redact import redact_urls, shown_text
 
 OP_NAME = "perform_executions"
 # A run's outcome table shows at most this many rows; the run log has a line for every execution.
@@ -263,9 +263,12 @@ FAILURE_MESSAGE_EXECUTIONS = 20
 
 
 def failure_description(failed: Sequence[ExecutionOutcome], total: int) -> str:
-    """The run's failure message: which executions FAILED (id, campaign, reason), reasons redacted."""
+    """The run's failure message: which executions FAILED (id, campaign, reason), as a person may read it.
+
+    A reason may quote a receiver's answer: URLs are redacted and control characters written visibly.
+    """
     lines = [
-        f"{o.execution_id} ({o.campaign_id}/{o.stage}, {o.action}, attempt {o.attempt}): {redact_urls(o.detail)[:300]}"
+        f"{o.execution_id} ({o.campaign_id}/{o.stage}, {o.action}, attempt {o.attempt}): {shown_text(o.detail)[:300]}"
         for o in failed[:FAILURE_MESSAGE_EXECUTIONS]
     ]
     more = len(failed) - len(lines)

@@ -32,7 +32,7 @@ from pydantic import Field
 from marketing_pipelines.db.schema import agent_run, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.egress import EgressRefused
 from marketing_pipelines.executions.webhook import WebhookClient
-from marketing_pipelines.redact import redact_urls
+from marketing_pipelines.redact import CONTROL_CHARACTERS, url_origin, url_origins
 from marketing_pipelines.settings import Settings, env_name, env_var_if_set, setting_field
 
 ALERT_URL_ENV = env_name("alert_webhook_url")
@@ -42,30 +42,14 @@ MAX_LISTED = 10
 MAX_EXECUTIONS_LISTED = 3
 MAX_REASON_CHARS = 300
 
-# A URL inside free text, as redact.py finds it.
-_URL_IN_TEXT = re.compile(r"""\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'"<>]+""")
-# C0 and C1 control characters, DEL and the Unicode line and paragraph separators.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
 # "dagster._core.definitions.events.Failure: message" -> "Failure: message".
 _QUALIFIED_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w]*\.)+(?=[A-Za-z_]\w*: )")
 
 
-def origin(url: str) -> str:
-    """``https://hooks.slack.com/services/T0/B0/secret`` -> ``https://hooks.slack.com``."""
-    try:
-        parts = urlsplit(url)
-        host, port = parts.hostname or "", parts.port
-    except ValueError:
-        return "<unparseable URL>"
-    if ":" in host:  # an IPv6 literal keeps its brackets
-        host = f"[{host}]"
-    return urlunsplit((parts.scheme, host if port is None else f"{host}:{port}", "", "", ""))
-
-
 def neutralise(text: str) -> str:
-    """Untrusted text as one line: every URL cut to scheme and host, control characters as spaces."""
-    text = _URL_IN_TEXT.sub(lambda m: origin(m.group(0)), redact_urls(text))
-    return " ".join(_CONTROL.sub(" ", text).split())
+    """Untrusted text as one line: every URL cut to scheme and host, control and bidirectional
+    characters as spaces (line breaks and the Unicode line separators fold with the other white space)."""
+    return " ".join(CONTROL_CHARACTERS.sub(" ", url_origins(text)).split())
 
 
 def mrkdwn(text: str, limit: int = MAX_REASON_CHARS) -> str:
@@ -356,7 +340,7 @@ class AlertWebhook(dg.ConfigurableResource):
 
     def destination(self) -> str:
         """The webhook as it may be shown: scheme and host."""
-        return origin(self.url) if self.url else "nowhere (alerts are off)"
+        return url_origin(self.url) if self.url else "nowhere (alerts are off)"
 
     def send(self, text: str, client: WebhookClient) -> Delivery:
         """POST ``{"text": text}`` through ``client`` (its egress policy, timeout and pinned address)."""

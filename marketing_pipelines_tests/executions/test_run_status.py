@@ -123,6 +123,22 @@ def test_a_batch_with_a_failed_execution_fails_its_run_and_the_reconciliation_ch
     assert _tick(db_url, instance) == []
 
 
+def test_the_failure_message_writes_a_receivers_control_characters_visibly(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
+) -> None:
+    # A hostile receiver answers with a terminal clipboard write (OSC 52) and a right-to-left override.
+    hook.body = "\x1b]52;c;aGk=\x07 \u202egnp.exe".encode()
+    [execution_id] = _schedule(engine, hook.url, n=1)
+    [request] = _tick(db_url, instance)
+    result = perform(request, db_url, instance)
+    assert not result.success
+    [step_failure] = [e for e in result.all_node_events if e.event_type_value == "STEP_FAILURE"]
+    message = step_failure.step_failure_data.user_failure_data.description
+    assert f"{execution_id} (spring-launch/launch" in message
+    assert "\\x1b]52;c;aGk=\\x07 \\u202egnp.exe" in message
+    assert not any(c in message for c in "\x1b\x07\u202e")
+
+
 def test_a_refused_action_fails_its_run(
     db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
 ) -> None:

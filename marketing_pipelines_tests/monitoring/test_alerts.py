@@ -25,7 +25,8 @@ from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.sensors import due_executions_sensor
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.monitoring.alert_sensor import AlertCursor, marketing_alerts_sensor
-from marketing_pipelines.monitoring.alerts import AlertWebhook, mrkdwn, origin
+from marketing_pipelines.monitoring.alerts import AlertWebhook, mrkdwn
+from marketing_pipelines.redact import url_origin
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Recorder, webhook_server
@@ -254,7 +255,7 @@ def test_a_receiver_that_is_down_gets_the_alert_at_a_later_tick(
     # The URL shows as scheme and host only, wherever the tick says anything.
     shown = reason + caplog.text + "".join(capsys.readouterr())
     assert SECRET not in shown and "/services" not in shown
-    assert origin(url) in reason
+    assert url_origin(url) in reason
 
     slack.status = 200
     delivered = _tick(instance, db_url, cursor, _alert_url(slack))
@@ -372,7 +373,9 @@ def test_shown_text_cannot_become_markup_or_leak_a_url() -> None:
     text = mrkdwn("a\x1b[31m <https://x.example/p?t=1|click> & \u2028 https://u:pw@h.example:8443/secret/path")
     # The link's label goes with its URL, which keeps only scheme and host.
     assert text == "a [31m &lt;https://x.example&gt; &amp; https://h.example:8443"
-    assert origin(f"https://hooks.slack.com/services/{SECRET}") == "https://hooks.slack.com"
+    assert url_origin(f"https://hooks.slack.com/services/{SECRET}") == "https://hooks.slack.com"
+    # A right-to-left override would show the rest of the line reversed in Slack.
+    assert mrkdwn("run \u202egnp.exe failed") == "run gnp.exe failed"
 
 
 def test_the_cursor_survives_a_round_trip_and_a_foreign_cursor_restarts() -> None:
