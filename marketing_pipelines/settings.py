@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
@@ -159,6 +160,29 @@ class Settings(BaseSettings):
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or default_database_url()
+
+
+def dagster_ui_base(url: str | None) -> str | None:
+    """The Dagster UI's base URL for links to runs (``MARKETING_DAGSTER_UI_URL``) without its trailing
+    slash; None when unset. Raises ValueError unless it is an http(s) URL without credentials, query or
+    fragment: a link is shown to people, and what it carries beyond the address would be shown too."""
+    if not url:
+        return None
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parses the port, raising on a bad one
+    except ValueError:
+        parts = None
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or parts.query
+        or parts.fragment
+    ):
+        raise ValueError("it must be an http(s) URL without credentials, query or fragment, e.g. http://127.0.0.1:3000")
+    return url.rstrip("/")
 
 
 def _bounds(field: str) -> str | None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from typing import BinaryIO
-from urllib.parse import urlsplit
 
 import click
 
@@ -19,7 +18,7 @@ from marketing_pipelines.cli.common import (
 )
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.redact import redact_url, redact_urls
-from marketing_pipelines.settings import env_name
+from marketing_pipelines.settings import dagster_ui_base, env_name
 
 
 @click.group(cls=FriendlyGroup)
@@ -280,23 +279,8 @@ def executions_show(execution_id: int, as_json: bool) -> None:
 
 def dagster_runs_url(base: str | None) -> str | None:
     """``<base>/runs`` of the Dagster UI at ``base`` (MARKETING_DAGSTER_UI_URL), or None when it is unset."""
-    if not base:
-        return None
     try:
-        parts = urlsplit(base)
-        parts.port  # noqa: B018 - parses the port, raising on a bad one
-    except ValueError:
-        parts = None
-    if (
-        parts is None
-        or parts.scheme not in ("http", "https")
-        or not parts.hostname
-        or parts.username is not None
-        or parts.query
-        or parts.fragment
-    ):
-        raise InvalidInput(
-            f"{env_name('dagster_ui_url')}={redact_url(base)!r} is not valid: it must be an http(s) URL without "
-            "credentials, query or fragment, e.g. http://127.0.0.1:3000"
-        )
-    return f"{base.rstrip('/')}/runs"
+        ui = dagster_ui_base(base)
+    except ValueError as exc:
+        raise InvalidInput(f"{env_name('dagster_ui_url')}={redact_url(base or '')!r} is not valid: {exc}") from None
+    return None if ui is None else f"{ui}/runs"

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import dagster as dg
 import httpx
@@ -33,7 +33,7 @@ from marketing_pipelines.db.schema import agent_run, marketing_execution, market
 from marketing_pipelines.egress import EgressRefused
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.redact import CONTROL_CHARACTERS, url_origin, url_origins
-from marketing_pipelines.settings import Settings, env_name, env_var_if_set, setting_field
+from marketing_pipelines.settings import Settings, dagster_ui_base, env_name, env_var_if_set, setting_field
 
 ALERT_URL_ENV = env_name("alert_webhook_url")
 # A message lists at most this many runs and checks, and this many failed executions per run; it
@@ -187,18 +187,11 @@ def agent_runs_of_runs(conn: sa.Connection, run_ids: Sequence[str]) -> dict[str,
 
 
 def ui_base(ui_url: str | None) -> str | None:
-    """The Dagster UI's base URL for links, without credentials, query or fragment; None if not http(s)."""
-    if not ui_url:
-        return None
+    """The Dagster UI's base URL for links; None when unset or not one a link may carry (no link then)."""
     try:
-        parts = urlsplit(ui_url.strip())
-        host, port = parts.hostname or "", parts.port
+        return dagster_ui_base(ui_url.strip() if ui_url else ui_url)
     except ValueError:
         return None
-    if parts.scheme not in ("http", "https") or not host:
-        return None
-    netloc = (f"[{host}]" if ":" in host else host) + (f":{port}" if port is not None else "")
-    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
 def _run_label(run_id: str, ui: str | None) -> str:

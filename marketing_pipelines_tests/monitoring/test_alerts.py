@@ -25,7 +25,7 @@ from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.sensors import due_executions_sensor
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.monitoring.alert_sensor import AlertCursor, marketing_alerts_sensor
-from marketing_pipelines.monitoring.alerts import AlertWebhook, mrkdwn
+from marketing_pipelines.monitoring.alerts import Alert, AlertWebhook, FailedRun, format_alert, mrkdwn
 from marketing_pipelines.redact import url_origin
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
@@ -376,6 +376,14 @@ def test_shown_text_cannot_become_markup_or_leak_a_url() -> None:
     assert url_origin(f"https://hooks.slack.com/services/{SECRET}") == "https://hooks.slack.com"
     # A right-to-left override would show the rest of the line reversed in Slack.
     assert mrkdwn("run \u202egnp.exe failed") == "run gnp.exe failed"
+
+
+def test_a_ui_url_a_link_may_not_carry_gives_no_link() -> None:
+    alert = Alert([FailedRun("0123456789abcdef", "agent_run_job", datetime(2026, 12, 3, tzinfo=UTC), "boom")])
+    assert "<http://ui.example:3000/runs/0123456789abcdef|01234567>" in format_alert(alert, "http://ui.example:3000/")
+    for refused in ("http://u:pw@ui.example:3000", "http://ui.example:3000/?t=1", "ftp://ui.example"):
+        text = format_alert(alert, refused)
+        assert "run `01234567`" in text and "ui.example" not in text and "pw" not in text
 
 
 def test_the_cursor_survives_a_round_trip_and_a_foreign_cursor_restarts() -> None:
