@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, get_agent
 from marketing_pipelines.agents.users import Grant, User, current_grants, holds, require_user
 from marketing_pipelines.db.campaigns import require_campaign
-from marketing_pipelines.db.lease import LeaseQueue, cancel
+from marketing_pipelines.db.lease import RETRYABLE, LeaseQueue, cancel
 from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.strict_json import parse_json_object
@@ -32,7 +32,6 @@ AGENT_RUNS = LeaseQueue(
 )
 MAX_INPUT_BYTES = 16 * 1024
 DEFAULT_MAX_ATTEMPTS = 2
-RETRYABLE_STATUSES = ("FAILED", "CANCELLED")
 
 
 class AgentRunRefused(InvalidInput):
@@ -216,7 +215,7 @@ def retry_agent_run(conn: sa.Connection, run_id: int, attempts: int = DEFAULT_MA
             f"agent run {run_id} was REFUSED when requested and cannot be retried; once the user may run it, "
             "request it again with `marketing-pipelines agents request`"
         )
-    if row["status"] not in RETRYABLE_STATUSES:
+    if row["status"] not in RETRYABLE:
         raise InvalidInput(f"agent run {run_id} is {row['status']}; only FAILED or CANCELLED runs can be retried")
     # The provider's configuration is not checked here: what counts is the code location's, which
     # this process cannot see (a run whose provider is not configured fails at once, naming the fix).
@@ -230,7 +229,7 @@ def retry_agent_run(conn: sa.Connection, run_id: int, attempts: int = DEFAULT_MA
     moved = conn.execute(
         sa.update(t)
         # Fenced by status: of two retries at once, the second matches nothing and says so below.
-        .where(t.c.id == run_id, t.c.status.in_(RETRYABLE_STATUSES))
+        .where(t.c.id == run_id, t.c.status.in_(RETRYABLE))
         .values(
             status="QUEUED",
             max_attempts=t.c.attempts + attempts,

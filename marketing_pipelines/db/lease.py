@@ -33,6 +33,8 @@ from marketing_pipelines.db.types import UTCDateTime
 RUNNING = "RUNNING"
 FAILED = "FAILED"
 CANCELLED = "CANCELLED"
+# The finished statuses an operator may put back in the queue (`executions retry`, `agents retry`).
+RETRYABLE = (FAILED, CANCELLED)
 
 LEASE_EXPIRED_ERROR = "lease expired: the worker stopped renewing it (crashed, killed, or its run never started)"
 

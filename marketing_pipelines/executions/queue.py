@@ -13,7 +13,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.engine import insert_ignoring_conflicts
-from marketing_pipelines.db.lease import LeaseQueue, cancel, now_expr
+from marketing_pipelines.db.lease import RETRYABLE, LeaseQueue, cancel, now_expr
 from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
@@ -58,6 +58,12 @@ def parse_time(value: str, name: str, alternatives: str = "") -> datetime:
 
 def parse_payload(value: str | None) -> dict[str, Any]:
     return parse_json_object(value, "payload")
+
+
+def execution_with_dedupe_key(conn: sa.Connection, dedupe_key: str) -> int | None:
+    """The id of the execution scheduled with ``dedupe_key``, if any."""
+    t = marketing_execution
+    return conn.execute(sa.select(t.c.id).where(t.c.dedupe_key == dedupe_key)).scalar_one_or_none()
 
 
 def schedule_execution(
@@ -105,7 +111,7 @@ def schedule_execution(
         raise InvalidInput("payload holds a NUL character (\\u0000), which PostgreSQL cannot store")
     t = marketing_execution
     if dedupe_key is not None:
-        existing = conn.execute(sa.select(t.c.id).where(t.c.dedupe_key == dedupe_key)).scalar_one_or_none()
+        existing = execution_with_dedupe_key(conn, dedupe_key)
         if existing is not None:
             return existing
     now = datetime.now(UTC)
@@ -228,7 +234,6 @@ def _holds_nul(value: Any) -> bool:
 
 # --- retry -------------------------------------------------------------------------------------
 
-RETRYABLE_STATUSES = ("FAILED", "CANCELLED")
 # Each retry adds a budget of at most MAX_ATTEMPTS on top of the attempts already made (attempt
 # numbers go on counting: they key the attempt history). Ten full budgets is far beyond any
 # transient failure; an execution past it needs its action or payload fixed, not more attempts.
@@ -280,7 +285,7 @@ def retry_execution(conn: sa.Connection, execution_id: int, budget: int) -> str:
     ).one_or_none()
     if row is None:
         raise InvalidInput(f"execution {execution_id} does not exist; see marketing-pipelines executions list")
-    if row.status not in RETRYABLE_STATUSES:
+    if row.status not in RETRYABLE:
         raise InvalidInput(
             f"execution {execution_id} is {row.status}; only FAILED or CANCELLED executions can be retried"
         )
@@ -315,7 +320,7 @@ def retry_executions(
     if finished_since is not None and finished_since.tzinfo is None:
         raise InvalidInput("finished_since must be timezone-aware")
     t = marketing_execution
-    statuses = list(RETRYABLE_STATUSES) if include_cancelled else ["FAILED"]
+    statuses = list(RETRYABLE) if include_cancelled else ["FAILED"]
     matching = [t.c.status.in_(statuses)]
     if campaign_id is not None:
         require_campaign(conn, campaign_id)
@@ -447,11 +452,6 @@ def read_schedule_file(stream: IO[bytes]) -> list[ParsedLine | LineError]:
     return lines
 
 
-def _execution_with_key(conn: sa.Connection, dedupe_key: str) -> int | None:
-    t = marketing_execution
-    return conn.execute(sa.select(t.c.id).where(t.c.dedupe_key == dedupe_key)).scalar_one_or_none()
-
-
 def schedule_lines(
     conn: sa.Connection,
     lines: Sequence[ParsedLine | LineError],
@@ -469,7 +469,7 @@ def schedule_lines(
         line, key = parsed.line, parsed.line.dedupe_key
         try:
             with conn.begin_nested():
-                known = _execution_with_key(conn, key) if key is not None else None
+                known = execution_with_dedupe_key(conn, key) if key is not None else None
                 execution_id = schedule_execution(
                     conn,
                     campaign_id=line.campaign,
@@ -486,7 +486,7 @@ def schedule_lines(
             continue
         except sa.exc.IntegrityError:
             # A concurrent scheduler inserted the same dedupe key first: that row is this line's.
-            concurrent = _execution_with_key(conn, key) if key is not None else None
+            concurrent = execution_with_dedupe_key(conn, key) if key is not None else None
             if concurrent is None:
                 raise
             existing.append(concurrent)
