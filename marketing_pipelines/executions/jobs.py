@@ -163,7 +163,7 @@ def _outcome_table(outcomes: Sequence[ExecutionOutcome]) -> dg.TableMetadataValu
                     "action": o.action,
                     "attempt": o.attempt,
                     "outcome": o.outcome,
-                    "detail": o.detail[:300],
+                    "detail": shown_text(o.detail)[:300],  # may quote a receiver's answer
                     "seconds": round(o.seconds, 3),
                 }
             )

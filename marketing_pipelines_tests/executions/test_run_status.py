@@ -137,6 +137,8 @@ def test_the_failure_message_writes_a_receivers_control_characters_visibly(
     assert f"{execution_id} (spring-launch/launch" in message
     assert "\\x1b]52;c;aGk=\\x07 \\u202egnp.exe" in message
     assert not any(c in message for c in "\x1b\x07\u202e")
+    [row] = outcome_metadata(result)["executions"].records
+    assert "\\x1b]52" in row.data["detail"] and "\x1b" not in row.data["detail"]
 
 
 def test_a_refused_action_fails_its_run(
