@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 DEFAULT_DB_DIR = ".marketing"
 DEFAULT_DB_FILE = "marketing.db"
+SECRETS_KEY_FILE = "secrets.key"
 ENV_PREFIX = "MARKETING_"
 MODEL_PROVIDERS = ("offline", "anthropic", "openai")
 
@@ -135,6 +136,19 @@ class Settings(BaseSettings):
     dagster_ui_url: str | None = Field(
         None, description="Base URL of the Dagster UI, for links to runs (e.g. http://127.0.0.1:3000)."
     )
+    # Trust at the boundary: registered webhook endpoints are stored sealed and sign what they send.
+    secrets_key: SecretStr | None = Field(
+        None,
+        description="Fernet key(s), comma-separated, sealing webhook endpoint URLs and signing secrets; the first "
+        "seals, all open. With a SQLite database and no key set, a secrets.key file beside it (the demo's).",
+    )
+    webhook_rotation_hours: float = Field(
+        24.0,
+        ge=0,
+        le=720,
+        allow_inf_nan=False,
+        description="Hours a rotated endpoint's previous signing secret keeps signing alongside the new one.",
+    )
 
     @field_validator("health_due_lag_error_seconds", "health_failed_last_hour_error")
     @classmethod
@@ -160,6 +174,22 @@ class Settings(BaseSettings):
     @property
     def resolved_database_url(self) -> str:
         return self.database_url or default_database_url()
+
+    def secrets_key_file(self) -> Path | None:
+        """``secrets.key`` beside a SQLite database file: the embedded default's key, made by the demo."""
+        url = self.resolved_database_url
+        if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
+            return None
+        return Path(url.removeprefix("sqlite:///").split("?")[0]).parent / SECRETS_KEY_FILE
+
+    def sealing_keys(self) -> str | None:
+        """The text of MARKETING_SECRETS_KEY, else of the SQLite database's key file, else None."""
+        if self.secrets_key is not None:
+            return self.secrets_key.get_secret_value()
+        key_file = self.secrets_key_file()
+        if key_file is not None and key_file.is_file():
+            return key_file.read_text(encoding="ascii").strip() or None
+        return None
 
 
 def dagster_ui_base(url: str | None) -> str | None:

@@ -91,7 +91,7 @@ def test_dedupe_key_returns_the_first_execution(ready_db: Path, cli: Cli) -> Non
         (["--payload", "{not json"], "payload is not valid JSON"),
         (["--payload", "[1, 2]"], "payload must be a JSON object"),
         (["--action", "fax"], "unknown action 'fax'; known actions: log, webhook"),
-        (["--action", "webhook"], "webhook payload needs 'url'"),
+        (["--action", "webhook"], "webhook payload needs one of 'endpoint'"),
         # Each of these was a traceback (or, on SQLite, an accepted non-JSON payload).
         (["--due", "9999-12-31T23:59:59-05:00"], "is out of range in UTC"),
         (["--due", "0001-01-01T00:00:00+05:00"], "is out of range in UTC"),

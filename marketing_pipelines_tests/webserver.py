@@ -16,6 +16,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: Any
+    raw: bytes = b""  # the exact bytes received, which a signature covers
 
 
 @dataclass
@@ -43,7 +44,7 @@ def webhook_server(status: int = 200) -> Iterator[Recorder]:
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length", "0"))
             raw = self.rfile.read(length)
-            item = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, json.loads(raw or b"null"))
+            item = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, json.loads(raw or b"null"), raw)
             recorder.received.append(item)
             if recorder.on_request:
                 recorder.on_request(item)

@@ -3,7 +3,7 @@
 Known failures (bad input, a missing schema, an unreachable database, a bad setting) end as
 one line on stderr naming the problem and the fix, with a non-zero exit; never a traceback.
 
-One module per command group: ``db``, ``campaigns``, ``executions``, ``measurement`` (events, report),
+One module per command group: ``db``, ``campaigns``, ``executions``, ``webhooks``, ``measurement`` (events, report),
 ``agents`` (users, agents, limits) and ``local`` (ui, demo); ``common`` holds what they share. A group's
 module is imported only when that group runs or ``--help`` lists it (``COMMANDS``), and none of them
 imports Dagster at load time: commands that need it import it when they run. A read command thus starts
@@ -29,6 +29,7 @@ COMMANDS = {
     "db": "marketing_pipelines.cli.db:db",
     "campaigns": "marketing_pipelines.cli.campaigns:campaigns",
     "executions": "marketing_pipelines.cli.executions:executions",
+    "webhooks": "marketing_pipelines.cli.webhooks:webhooks",
     "ui": "marketing_pipelines.cli.local:ui_command",
     "demo": "marketing_pipelines.cli.local:demo_command",
     "events": "marketing_pipelines.cli.measurement:events",

@@ -313,3 +313,19 @@ measurement_weekly_sketch = sa.Table(
     sa.Column("built_at", UTCDateTime(), nullable=False),
     sa.Index("ix_measurement_weekly_sketch_campaign_week", "campaign_id", "week_start"),
 )
+
+# A registered webhook destination. Its URL (whose path is often a token) and its Standard Webhooks
+# signing secrets are sealed with MARKETING_SECRETS_KEY (sealing.py); only the origin is plain, for lists.
+webhook_endpoint = sa.Table(
+    "webhook_endpoint",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("campaign_id", sa.String(64), sa.ForeignKey("campaign.id"), nullable=True, comment="NULL: any campaign"),
+    sa.Column("origin", sa.String(300), nullable=False, comment="scheme://host[:port] of the URL, for display"),
+    sa.Column("url_sealed", sa.Text, nullable=False),
+    sa.Column("secret_sealed", sa.Text, nullable=False, comment="Current signing secret (whsec_...), sealed"),
+    sa.Column("previous_secret_sealed", sa.Text, nullable=True, comment="Secret before the last rotation, sealed"),
+    sa.Column("previous_secret_until", UTCDateTime(), nullable=True, comment="The previous secret signs until then"),
+    sa.Column("created_at", UTCDateTime(), nullable=False),
+    sa.Column("rotated_at", UTCDateTime(), nullable=True),
+)

@@ -9,24 +9,46 @@ uses ``webhook.WebhookClient``.
 from __future__ import annotations
 
 import logging
+import re
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from marketing_pipelines.egress import EgressPolicy, EgressRefused, parse_networks
-from marketing_pipelines.redact import redact_url, redact_urls
+from marketing_pipelines.executions.signing import body_bytes, signature_header
+from marketing_pipelines.redact import CONTROL_CHARACTERS, redact_urls, shown_text, url_origin
 from marketing_pipelines.settings import Settings, current_settings
 
 if TYPE_CHECKING:
     import dagster as dg
 
+    from marketing_pipelines.executions.endpoints import Endpoint
     from marketing_pipelines.executions.webhook import WebhookClient
 
 # Headers the action sets itself; a payload may not replace them (Host would also undo the
 # pinning of the checked address).
-RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "idempotency-key", "marketing-attempt"})
+# The webhook-* headers are the Standard Webhooks signature's (signing.py); Content-Type says the body is JSON.
+RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "idempotency-key",
+        "marketing-attempt",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+    }
+)
 MAX_HEADERS = 20
+MAX_HEADER_VALUE = 4096
+# RFC 9110 section 5.6.2: token = 1*tchar.
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,128}")
+ENDPOINT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 ATTEMPT_HEADER = "Marketing-Attempt"
 
 
@@ -49,6 +71,8 @@ class ActionContext:
     campaign_id: str
     stage: str
     log: logging.Logger | dg.DagsterLogManager
+    # Registered endpoints the batch's payloads name, opened by the run; a string says why one cannot be used.
+    endpoints: Mapping[str, Endpoint | str] = field(default_factory=dict)
 
     @property
     def idempotency_key(self) -> str:
@@ -86,56 +110,77 @@ class LogAction:
 
 
 class WebhookAction:
-    """POSTs ``payload["body"]`` as JSON to ``payload["url"]``, with an Idempotency-Key per execution."""
+    """POSTs ``payload["body"]`` as JSON to a registered endpoint (signed) or a raw ``url`` (unsigned).
+
+    ``{"endpoint": "NAME", "body": {...}, "headers": {...}}`` sends to the endpoint's sealed URL with
+    Standard Webhooks headers (``webhook-id``, ``webhook-timestamp``, ``webhook-signature``);
+    ``{"url": ...}`` stays for compatibility and carries no signature. Both carry an Idempotency-Key
+    per execution.
+    """
 
     name = "webhook"
 
     def validate(self, payload: Mapping[str, Any], egress: EgressPolicy) -> None:
-        url = payload.get("url")
-        if not isinstance(url, str) or len(url) > 2048:
-            raise InvalidPayload("webhook payload needs 'url' as an http(s) URL of at most 2048 characters")
-        try:
-            parts = urlsplit(url)
-            parts.port  # noqa: B018 - parses the port, raising on a bad one
-        except ValueError:
-            raise InvalidPayload(f"webhook payload 'url' is not a URL: {redact_url(url)}") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InvalidPayload(f"webhook payload needs 'url' as an http(s) URL, got {redact_url(url)}")
-        try:
-            egress.check_url(url)
-        except EgressRefused as exc:
-            raise InvalidPayload(str(exc)) from None
-        headers = payload.get("headers", {})
-        if not isinstance(headers, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-        ):
-            raise InvalidPayload("webhook payload field 'headers' must be an object of strings")
-        if len(headers) > MAX_HEADERS:
-            raise InvalidPayload(f"webhook payload has {len(headers)} headers; at most {MAX_HEADERS}")
-        reserved = sorted(k for k in headers if k.lower() in RESERVED_HEADERS)
-        if reserved:
-            raise InvalidPayload(f"webhook payload may not set the header(s) {', '.join(reserved)}")
+        unknown = sorted(set(payload) - {"url", "endpoint", "body", "headers"})
+        if unknown:
+            raise InvalidPayload(f"webhook payload has unknown field(s) {', '.join(map(repr, unknown))}")
+        if ("url" in payload) == ("endpoint" in payload):
+            raise InvalidPayload("webhook payload needs one of 'endpoint' (a registered, signed endpoint) or 'url'")
+        if "endpoint" in payload:
+            check_endpoint_name(payload["endpoint"])
+        else:
+            check_webhook_url(payload["url"], egress)
+        check_headers(payload.get("headers", {}))
 
     def run(self, ctx: ActionContext, payload: Mapping[str, Any], webhook: WebhookClient) -> dict[str, Any]:
-        url = payload["url"]
-        shown = redact_url(url)
         headers = {
             **payload.get("headers", {}),
             "Idempotency-Key": ctx.idempotency_key,
             ATTEMPT_HEADER: str(ctx.attempt),
+            "Content-Type": "application/json",
         }
+        try:
+            body = body_bytes(payload.get("body", {}))
+        except (TypeError, ValueError) as exc:
+            raise ActionRefused(f"webhook body is not JSON: {exc}") from None
+        if "endpoint" in payload:
+            name = payload["endpoint"]
+            endpoint = ctx.endpoints.get(name)
+            if isinstance(endpoint, str) or endpoint is None:
+                raise ActionRefused(f"webhook endpoint {name!r}: {endpoint or 'not registered (removed?)'}")
+            if endpoint.campaign_id not in (None, ctx.campaign_id):
+                raise ActionRefused(f"webhook endpoint {name!r} serves campaign {endpoint.campaign_id!r} only")
+            url = endpoint.url
+            shown = f"endpoint {name} ({url_origin(url)})"
+            # Signed at send time over the exact bytes sent; a redelivery keeps webhook-id and gets a
+            # new timestamp, so a receiver's replay window is measured from this attempt.
+            timestamp = int(time.time())
+            in_force = endpoint.secrets_at(datetime.fromtimestamp(timestamp, UTC))
+            headers |= {
+                "webhook-id": ctx.idempotency_key,
+                "webhook-timestamp": str(timestamp),
+                "webhook-signature": signature_header(in_force, ctx.idempotency_key, timestamp, body),
+            }
+        else:
+            url = payload["url"]
+            shown = url_origin(url)
         # Deferred: httpx takes 0.2 s to import, which scheduling (validate) should not pay; a run that
         # gets here holds a WebhookClient, which has imported it already.
         import httpx
 
         try:
-            response = webhook.post(url, payload.get("body", {}), headers)
+            response = webhook.post(url, body, headers)
         except EgressRefused as exc:
             raise ActionRefused(f"webhook {shown} refused: {exc}") from None
         except TimeoutError:
             raise ActionFailed(f"webhook {shown} timed out after {webhook.timeout_s}s") from None
         except httpx.TimeoutException:
             raise ActionFailed(f"webhook {shown} timed out after {webhook.timeout_s}s") from None
+        except (httpx.LocalProtocolError, UnicodeEncodeError):
+            # The request could not be built (a header value the HTTP stack refuses, stored before
+            # scheduling checked headers). Its message quotes the value, which may be a secret, so it
+            # is not shown, and no later attempt would build it either.
+            raise ActionRefused(f"webhook {shown}: a header name or value is not valid HTTP (not shown)") from None
         except (httpx.TransportError, OSError) as exc:
             reason = redact_urls(f"{type(exc).__name__}: {exc}")
             raise ActionFailed(f"webhook {shown} unreachable: {reason}") from None
@@ -144,6 +189,68 @@ class WebhookAction:
             raise ActionFailed(f"webhook {shown} answered HTTP {response.status_code}: {snippet}")
         # Reported in the execution's own log line by the run (one event per execution).
         return {"status_code": response.status_code, "idempotency_key": ctx.idempotency_key}
+
+
+def check_webhook_url(url: Any, egress: EgressPolicy) -> None:
+    """An http(s) URL of at most 2048 characters that the egress policy allows; else InvalidPayload."""
+    if not isinstance(url, str) or len(url) > 2048:
+        raise InvalidPayload("webhook payload needs 'url' as an http(s) URL of at most 2048 characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parses the port, raising on a bad one
+    except ValueError:
+        raise InvalidPayload(f"webhook 'url' is not a URL: {url_origin(url)}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidPayload(f"webhook needs 'url' as an http(s) URL, got {url_origin(url)}")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise InvalidPayload(f"webhook 'url' holds white space or a control character: {url_origin(url)}")
+    try:
+        egress.check_url(url)
+    except EgressRefused as exc:
+        raise InvalidPayload(str(exc)) from None
+
+
+def check_endpoint_name(name: Any) -> None:
+    if not isinstance(name, str) or not ENDPOINT_NAME.fullmatch(name):
+        raise InvalidPayload(
+            "webhook 'endpoint' must be a registered endpoint's name: 1-64 of a-z, 0-9, '-' and '_', "
+            "starting with a letter or digit"
+        )
+
+
+def check_headers(headers: Any) -> None:
+    """Names are RFC 9110 tokens; values latin-1 text without control characters or surrounding white space.
+
+    Checked when scheduled, so the HTTP stack never meets a value it refuses: its error quotes the
+    value ("Illegal header value b'Bearer sk-...'"), and a value is often a credential. No message
+    here quotes a value.
+    """
+    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise InvalidPayload("webhook payload field 'headers' must be an object of strings")
+    if len(headers) > MAX_HEADERS:
+        raise InvalidPayload(f"webhook payload has {len(headers)} headers; at most {MAX_HEADERS}")
+    for name, value in headers.items():
+        if not HEADER_NAME.fullmatch(name):
+            raise InvalidPayload(f"webhook header name {shown_text(name)[:80]!r} is not an HTTP token")
+        if name.lower() in RESERVED_HEADERS:
+            raise InvalidPayload(f"webhook payload may not set the header {name} (the action sets it)")
+        problem = _header_value_problem(value)
+        if problem:
+            raise InvalidPayload(f"webhook header {name}: its value {problem} (the value is not shown)")
+
+
+def _header_value_problem(value: str) -> str | None:
+    if len(value) > MAX_HEADER_VALUE:
+        return f"is longer than {MAX_HEADER_VALUE} characters"
+    if value != value.strip(" \t\r\n"):
+        return "starts or ends with white space (a trailing newline?)"
+    if CONTROL_CHARACTERS.search(value) or any(c in value for c in "\t\n\r"):
+        return "holds a control character"
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return "holds a character outside latin-1, which HTTP headers cannot carry"
+    return None
 
 
 def webhook_policy(settings: Settings | None = None) -> EgressPolicy:

@@ -28,6 +28,7 @@ from marketing_pipelines.executions.actions import (
     ActionRefused,
     get_action,
 )
+from marketing_pipelines.executions.endpoints import Endpoint, endpoint_names, open_endpoints
 from marketing_pipelines.executions.queue import (
     EXECUTIONS,
     attempt_outcome,
@@ -103,6 +104,7 @@ def _perform_one(
     keeper: LeaseKeeper,
     webhook: WebhookClient,
     settings: ExecutionSettings,
+    endpoints: Mapping[str, Endpoint | str],
 ) -> ExecutionOutcome:
     execution_id, attempt = row["id"], row["attempts"]
     began = time.monotonic()
@@ -112,7 +114,7 @@ def _perform_one(
     result: dict[str, Any] = {}
     try:
         action = get_action(row["action"])
-        action_ctx = ActionContext(execution_id, attempt, row["campaign_id"], row["stage"], context.log)
+        action_ctx = ActionContext(execution_id, attempt, row["campaign_id"], row["stage"], context.log, endpoints)
         result = action.run(action_ctx, row["payload"], webhook)
     except ActionFailed as exc:
         error, refused = str(exc), isinstance(exc, ActionRefused)
@@ -220,6 +222,12 @@ def perform_executions(
     context.log.info(f"Performing {len(rows)} of {len(ids)} execution(s) as {owner}.")
 
     if rows:
+        # The registered endpoints the batch names, opened once (one query, one key) for all its sends.
+        names = endpoint_names(row["payload"] for row in rows if row["action"] == "webhook")
+        endpoints: Mapping[str, Endpoint | str] = {}
+        if names:
+            with engine.connect() as conn:
+                endpoints = open_endpoints(conn, webhook.sealing_keys(), names)
         with (
             LeaseKeeper(
                 engine, EXECUTIONS, sorted(taken), owner, settings.lease_seconds, on_lost=context.log.error
@@ -227,7 +235,8 @@ def perform_executions(
             ThreadPoolExecutor(max_workers=min(webhook.concurrency, len(rows))) as pool,
         ):
             futures = [
-                pool.submit(_perform_one, context, engine, row, owner, keeper, webhook, settings) for row in rows
+                pool.submit(_perform_one, context, engine, row, owner, keeper, webhook, settings, endpoints)
+                for row in rows
             ]
             outcomes += [future.result() for future in futures]
 

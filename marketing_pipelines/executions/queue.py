@@ -18,6 +18,7 @@ from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_executio
 from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import InvalidPayload, get_action, webhook_policy
+from marketing_pipelines.executions.endpoints import require_endpoint
 from marketing_pipelines.strict_json import loads_json, parse_json_object
 
 EXECUTIONS = LeaseQueue(
@@ -101,6 +102,8 @@ def schedule_execution(
         get_action(action).validate(payload, egress or webhook_policy())
     except InvalidPayload as exc:
         raise InvalidInput(str(exc)) from None
+    if action == "webhook" and "endpoint" in payload:
+        require_endpoint(conn, payload["endpoint"], campaign_id)
     try:
         encoded = json.dumps(payload, allow_nan=False)
     except ValueError:

@@ -7,6 +7,7 @@ Dagster nor httpx.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,8 @@ import httpx
 from pydantic import Field, field_validator
 
 from marketing_pipelines.egress import ALLOW_SETTING, EgressPolicy, parse_networks
-from marketing_pipelines.settings import Settings, setting_field
+from marketing_pipelines.sealing import KEY_SETTING
+from marketing_pipelines.settings import Settings, env_var_if_set, setting_field
 
 # What a webhook response may cost us: enough of an error body to quote 200 characters.
 MAX_RESPONSE_BYTES = 8 * 1024
@@ -45,6 +47,14 @@ class WebhookClient(dg.ConfigurableResource):
         f"Env var: {ALLOW_SETTING}.",
     )
     concurrency: int = setting_field("webhook_concurrency")
+    secrets_key: str | None = Field(
+        default=None,
+        description="Fernet key(s) that open registered endpoints' URLs and signing secrets. "
+        f"Env var: {KEY_SETTING} (shown here as the variable's name only).",
+    )
+    secrets_key_file: str | None = Field(
+        default=None, description="A file holding the key instead (the embedded SQLite default's secrets.key)."
+    )
 
     @field_validator("allow_networks")
     @classmethod
@@ -53,16 +63,31 @@ class WebhookClient(dg.ConfigurableResource):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WebhookClient:
+        key_file = settings.secrets_key_file()
+        key = settings.secrets_key.get_secret_value() if settings.secrets_key else None
+        # Without the env var, the SQLite default's key file (made by the demo), if there is one.
         return cls(
             timeout_s=settings.webhook_timeout_seconds,
             allow_networks=list(settings.webhook_allow_networks),
             concurrency=settings.webhook_concurrency,
+            # An EnvVar, so the launchpad and run config show the variable's name, never the key.
+            secrets_key=env_var_if_set(KEY_SETTING) or key,
+            secrets_key_file=str(key_file) if key is None and key_file and key_file.exists() else None,
         )
+
+    def sealing_keys(self) -> str | None:
+        if self.secrets_key:
+            return self.secrets_key
+        if self.secrets_key_file and os.path.isfile(self.secrets_key_file):
+            with open(self.secrets_key_file, encoding="ascii") as handle:
+                return handle.read().strip() or None
+        return None
 
     def policy(self) -> EgressPolicy:
         return EgressPolicy(parse_networks(self.allow_networks))
 
-    def post(self, url: str, body: Any, headers: Mapping[str, str]) -> WebhookResponse:
+    def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> WebhookResponse:
+        """POST ``body`` (the exact bytes, as signed) to ``url``'s checked address."""
         parts = urlsplit(url)
         host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
         address = self.policy().resolve(host, port)  # raises EgressRefused / OSError
@@ -76,12 +101,14 @@ class WebhookClient(dg.ConfigurableResource):
         return asyncio.run(self._post(pinned, body, request_headers, extensions))
 
     async def _post(
-        self, url: str, body: Any, headers: Mapping[str, str], extensions: dict[str, Any]
+        self, url: str, body: bytes, headers: Mapping[str, str], extensions: dict[str, Any]
     ) -> WebhookResponse:
         async with (
             asyncio.timeout(self.timeout_s),
-            httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False) as client,
-            client.stream("POST", url, json=body, headers=dict(headers), extensions=extensions) as response,
+            # trust_env=False: HTTP(S)_PROXY / ALL_PROXY would send the request, query token and all, to a
+            # proxy the egress policy never checked, and the pinned address would be the proxy's business.
+            httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False, trust_env=False) as client,
+            client.stream("POST", url, content=body, headers=dict(headers), extensions=extensions) as response,
         ):
             received = bytearray()
             async for chunk in response.aiter_bytes():

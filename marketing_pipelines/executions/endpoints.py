@@ -1,0 +1,207 @@
+"""Registered webhook endpoints: a name, a sealed URL and Standard Webhooks signing secrets.
+
+``marketing-pipelines webhooks add NAME --url URL`` registers one and prints its secret once; an
+execution then names it (``{"endpoint": "NAME", "body": ...}``) instead of carrying a URL, so the URL
+(whose path is often a token) and the secret live sealed in one row (``sealing.py``), never in a
+payload, a log line or a run's config. ``rotate`` issues a new secret; the previous one keeps
+signing alongside it until ``previous_secret_until`` so receivers can switch without a gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from marketing_pipelines.db.campaigns import require_campaign
+from marketing_pipelines.db.schema import webhook_endpoint
+from marketing_pipelines.egress import EgressPolicy
+from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.executions.actions import InvalidPayload, check_endpoint_name, check_webhook_url
+from marketing_pipelines.executions.signing import new_signing_secret
+from marketing_pipelines.redact import url_origin
+
+if TYPE_CHECKING:
+    from marketing_pipelines.sealing import SecretBox
+
+
+@dataclass(frozen=True)
+class EndpointInfo:
+    """What may be shown of an endpoint: never its URL's path or query, never a secret."""
+
+    name: str
+    campaign_id: str | None
+    origin: str
+    created_at: datetime
+    rotated_at: datetime | None
+    previous_secret_until: datetime | None
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """An endpoint opened for sending: its URL and the secrets that may sign."""
+
+    name: str
+    campaign_id: str | None
+    url: str
+    secret: str
+    previous_secret: str | None
+    previous_secret_until: datetime | None
+
+    def secrets_at(self, when: datetime) -> list[str]:
+        """The current secret, and the previous one while its overlap lasts."""
+        if self.previous_secret and self.previous_secret_until and when < self.previous_secret_until:
+            return [self.secret, self.previous_secret]
+        return [self.secret]
+
+    def __repr__(self) -> str:  # a stray log of the object must not print the URL or a secret
+        return f"Endpoint(name={self.name!r}, origin={url_origin(self.url)!r})"
+
+
+def _checked_name(name: str) -> str:
+    try:
+        check_endpoint_name(name)
+    except InvalidPayload as exc:
+        raise InvalidInput(str(exc).replace("webhook 'endpoint'", "endpoint name")) from None
+    return name
+
+
+def add_endpoint(
+    conn: sa.Connection,
+    box: SecretBox,
+    name: str,
+    url: str,
+    egress: EgressPolicy,
+    campaign_id: str | None = None,
+    now: datetime | None = None,
+) -> str:
+    """Register ``name`` -> ``url`` (egress-checked now and again at every send); returns the new secret."""
+    _checked_name(name)
+    try:
+        check_webhook_url(url, egress)
+    except InvalidPayload as exc:
+        raise InvalidInput(str(exc)) from None
+    if campaign_id is not None:
+        require_campaign(conn, campaign_id)
+    if conn.execute(sa.select(webhook_endpoint.c.name).where(webhook_endpoint.c.name == name)).first():
+        raise InvalidInput(f"webhook endpoint {name!r} exists; `webhooks rotate` renews its secret")
+    secret = new_signing_secret()
+    conn.execute(
+        sa.insert(webhook_endpoint).values(
+            name=name,
+            campaign_id=campaign_id,
+            origin=url_origin(url),
+            url_sealed=box.seal(url),
+            secret_sealed=box.seal(secret),
+            created_at=now or datetime.now(UTC),
+        )
+    )
+    return secret
+
+
+def list_endpoints(conn: sa.Connection) -> list[EndpointInfo]:
+    t = webhook_endpoint
+    rows = conn.execute(
+        sa.select(
+            t.c.name, t.c.campaign_id, t.c.origin, t.c.created_at, t.c.rotated_at, t.c.previous_secret_until
+        ).order_by(t.c.name)
+    ).all()
+    return [EndpointInfo(*row) for row in rows]
+
+
+def rotate_endpoint(
+    conn: sa.Connection, box: SecretBox, name: str, overlap: timedelta, now: datetime | None = None
+) -> str:
+    """A new secret for ``name``; the current one keeps signing alongside it for ``overlap``. Returns it."""
+    t = webhook_endpoint
+    now = now or datetime.now(UTC)
+    row = conn.execute(sa.select(t.c.secret_sealed).where(t.c.name == _checked_name(name)).with_for_update()).first()
+    if row is None:
+        raise InvalidInput(f"no webhook endpoint named {name!r}")
+    box.open(row.secret_sealed)  # refuse before writing when the key cannot open what is stored
+    secret = new_signing_secret()
+    conn.execute(
+        sa.update(t)
+        .where(t.c.name == name)
+        .values(
+            secret_sealed=box.seal(secret),
+            previous_secret_sealed=row.secret_sealed if overlap > timedelta(0) else None,
+            previous_secret_until=now + overlap if overlap > timedelta(0) else None,
+            rotated_at=now,
+        )
+    )
+    return secret
+
+
+def remove_endpoint(conn: sa.Connection, name: str) -> bool:
+    t = webhook_endpoint
+    return conn.execute(sa.delete(t).where(t.c.name == _checked_name(name))).rowcount == 1
+
+
+def reseal_endpoints(conn: sa.Connection, box: SecretBox) -> int:
+    """Seal every stored value again under the first key of MARKETING_SECRETS_KEY; returns rows resealed."""
+    t = webhook_endpoint
+    rows = conn.execute(
+        sa.select(t.c.name, t.c.url_sealed, t.c.secret_sealed, t.c.previous_secret_sealed).with_for_update()
+    ).all()
+    for row in rows:
+        conn.execute(
+            sa.update(t)
+            .where(t.c.name == row.name)
+            .values(
+                url_sealed=box.reseal(row.url_sealed),
+                secret_sealed=box.reseal(row.secret_sealed),
+                previous_secret_sealed=box.reseal(row.previous_secret_sealed) if row.previous_secret_sealed else None,
+            )
+        )
+    return len(rows)
+
+
+def require_endpoint(conn: sa.Connection, name: str, campaign_id: str) -> None:
+    """Schedule-time check (no key needed): ``name`` is registered and may serve ``campaign_id``."""
+    t = webhook_endpoint
+    row = conn.execute(sa.select(t.c.campaign_id).where(t.c.name == name)).first()
+    if row is None:
+        raise InvalidInput(f"no webhook endpoint named {name!r}; register it with `marketing-pipelines webhooks add`")
+    if row.campaign_id is not None and row.campaign_id != campaign_id:
+        raise InvalidInput(f"webhook endpoint {name!r} serves campaign {row.campaign_id!r}, not {campaign_id!r}")
+
+
+def endpoint_names(payloads: Iterable[Mapping[str, Any]]) -> set[str]:
+    return {p["endpoint"] for p in payloads if isinstance(p, Mapping) and isinstance(p.get("endpoint"), str)}
+
+
+def open_endpoints(conn: sa.Connection, keys_text: str | None, names: set[str]) -> dict[str, Endpoint | str]:
+    """The named endpoints opened for sending; a name that cannot be used maps to the one-line reason."""
+    if not names:
+        return {}
+    # Deferred: cryptography costs scheduling (which imports this module for require_endpoint) 60 ms.
+    from marketing_pipelines.sealing import SealingError, SecretBox
+
+    t = webhook_endpoint
+    rows = {row.name: row for row in conn.execute(sa.select(t).where(t.c.name.in_(sorted(names))))}
+    opened: dict[str, Endpoint | str] = {}
+    try:
+        box = SecretBox(keys_text)
+    except SealingError as exc:
+        return {name: str(exc) for name in names}
+    for name in names:
+        row = rows.get(name)
+        if row is None:
+            opened[name] = "not registered (removed?)"
+            continue
+        try:
+            opened[name] = Endpoint(
+                name,
+                row.campaign_id,
+                box.open(row.url_sealed),
+                box.open(row.secret_sealed),
+                box.open(row.previous_secret_sealed) if row.previous_secret_sealed else None,
+                row.previous_secret_until,
+            )
+        except SealingError as exc:
+            opened[name] = str(exc)
+    return opened
