@@ -47,9 +47,15 @@ DEMO_CAMPAIGNS = (
 )
 
 
+# The demo's webhook receiver listens on an address of its own (Linux routes all of 127.0.0.0/8 to
+# loopback), so allowing it as a /32 (the demo here, `marketing-pipelines ui` for its daemon) lets
+# webhooks reach this receiver and not the Dagster webserver or another service on 127.0.0.1.
+DEMO_RECEIVER_ADDRESS = "127.0.0.2"
+
+
 @contextmanager
 def _demo_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """A webhook receiver on 127.0.0.1, so the webhook action runs for real without a network."""
+    """A webhook receiver on ``DEMO_RECEIVER_ADDRESS``, so the webhook action runs for real without a network."""
     received: list[dict[str, Any]] = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -62,18 +68,24 @@ def _demo_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    try:
+        server = ThreadingHTTPServer((DEMO_RECEIVER_ADDRESS, 0), Handler)
+    except OSError as exc:  # macOS configures only 127.0.0.1 on lo0
+        raise OSError(
+            f"the demo's webhook receiver cannot listen on {DEMO_RECEIVER_ADDRESS} ({exc.strerror or exc}); "
+            f"on macOS add it to the loopback interface: sudo ifconfig lo0 alias {DEMO_RECEIVER_ADDRESS}"
+        ) from None
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/demo-hook", received
+        yield f"http://{DEMO_RECEIVER_ADDRESS}:{server.server_address[1]}/demo-hook", received
     finally:
         server.shutdown()
         server.server_close()
 
 
-# The demo's own receiver listens on 127.0.0.1, which webhooks may reach only when an operator
-# allows it; the demo allows exactly that address for its own execution.
-DEMO_EGRESS = EgressPolicy(parse_networks("127.0.0.1/32"))
+# Loopback is reachable only when an operator allows it; the demo allows exactly its receiver's
+# address for its own execution.
+DEMO_EGRESS = EgressPolicy(parse_networks(f"{DEMO_RECEIVER_ADDRESS}/32"))
 
 
 # The instance config of the demo's Dagster home, the one `marketing-pipelines ui` opens too: the

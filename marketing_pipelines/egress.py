@@ -7,6 +7,11 @@ is hostile until checked. Always refused: link-local addresses (cloud metadata s
 an operator allows them (``MARKETING_WEBHOOK_ALLOW_NETWORKS``, CIDRs): loopback, private and other
 non-global ranges, where the database and internal services live.
 
+An IPv6 address that carries an IPv4 address (IPv4-mapped ``::ffff:a.b.c.d``, IPv4-compatible
+``::a.b.c.d``, 6to4 ``2002::/16``, NAT64 ``64:ff9b::/96`` and ``64:ff9b:1::/48``, a Teredo client in
+``2001::/32``) is refused when that IPv4 address would be: a relay or translator delivers the packet
+to it, so ``2002:7f00:1::`` is 127.0.0.1 and ``64:ff9b::a9fe:a9fe`` the metadata service.
+
 The check that counts happens at send time, on every address the host resolves to, and the request
 then goes to the address that was checked (the Host header and TLS server name keep the host's
 name): a name that resolved to a public address when scheduled and to 127.0.0.1 now (DNS
@@ -28,6 +33,12 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in ("100.100.100.200", "fd00:ec2::254"))
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data", "instance-data.ec2.internal"})
 ALLOW_SETTING = "MARKETING_WEBHOOK_ALLOW_NETWORKS"
+# IPv6 forms whose last 32 bits are the IPv4 address (RFC 6052's /96 layout for NAT64). The local-use
+# NAT64 prefix may also be laid out with a shorter prefix; only its /96 layout is read, and its IPv6
+# form is refused as reserved (it lies in ::/8) whatever the IPv4 address.
+NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
+NAT64_LOCAL_USE = ipaddress.IPv6Network("64:ff9b:1::/48")
+IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
 
 
 class EgressRefused(ValueError):
@@ -63,14 +74,32 @@ def literal_address(host: str) -> IPAddress | None:
     return None
 
 
+def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries (mapped, compatible, 6to4, NAT64, Teredo client), or None."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if address.teredo is not None:
+        return address.teredo[1]
+    in_compatible = address in IPV4_COMPATIBLE and int(address) > 1  # :: and ::1 are IPv6's own
+    if address in NAT64_WELL_KNOWN or address in NAT64_LOCAL_USE or in_compatible:
+        return ipaddress.IPv4Address(int(address) & 0xFFFF_FFFF)
+    return None
+
+
 @dataclass(frozen=True)
 class EgressPolicy:
     allow: tuple[IPNetwork, ...] = ()
 
     def refusal(self, address: IPAddress) -> str | None:
         """Why ``address`` may not be a webhook's destination, or None when it may."""
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
+        if isinstance(address, ipaddress.IPv6Address) and (ipv4 := embedded_ipv4(address)) is not None:
+            if reason := self.refusal(ipv4):
+                return f"an IPv6 form of {ipv4}, {reason}"
+            if address.ipv4_mapped is not None or address in NAT64_WELL_KNOWN:
+                # Sent to the IPv4 address itself (by a dual-stack socket, by the NAT64 translator).
+                return None
         if address in METADATA_ADDRESSES or address.is_link_local:
             return "a link-local or cloud metadata address, never allowed"
         # ::1 counts as "reserved" to Python (it lies in ::/8): loopback is decided first.
@@ -85,7 +114,11 @@ class EgressPolicy:
 
     def check_url(self, url: str) -> None:
         """The schedule-time check: an IP literal (in any form) or a metadata host name is refused."""
-        host = (urlsplit(url).hostname or "").rstrip(".").lower()
+        self.check_host(urlsplit(url).hostname or "")
+
+    def check_host(self, host: str) -> None:
+        """``host`` as a URL names it (an IPv6 literal with or without its brackets) checked on its text."""
+        host = host.rstrip(".").lower()
         if host in METADATA_HOSTS:
             raise EgressRefused(f"webhook host {host} is a cloud metadata service, never allowed")
         # localhost names loopback by definition (RFC 6761), whatever a resolver would say.
@@ -96,7 +129,8 @@ class EgressPolicy:
 
     def resolve(self, host: str, port: int) -> IPAddress:
         """The send-time check: every address ``host`` resolves to must be allowed; returns the first."""
-        self.check_url(f"http://{host}/")
+        # Not through a URL: an unbracketed IPv6 literal there would parse as a host name and a port.
+        self.check_host(host)
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as exc:

@@ -46,10 +46,10 @@ def test_a_second_demo_adds_no_work(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 @pytest.mark.slow
 def test_the_demo_while_the_ui_daemon_runs_lets_it_do_the_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # What `marketing-pipelines ui` starts, less the webserver: a daemon on the demo's own Dagster
-    # home and database, allowed to reach the demo's receiver on 127.0.0.1.
+    # home and database, allowed to reach the demo's receiver on its own address (127.0.0.2).
     import dagster as dg
 
-    from marketing_pipelines.demo import dagster_home
+    from marketing_pipelines.demo import DEMO_RECEIVER_ADDRESS, dagster_home
     from marketing_pipelines_tests.processes import child_env, dagster_bin, running, start, wait_for
 
     monkeypatch.chdir(tmp_path)
@@ -57,7 +57,7 @@ def test_the_demo_while_the_ui_daemon_runs_lets_it_do_the_work(tmp_path: Path, m
     env = child_env(
         DAGSTER_HOME=str(home),
         MARKETING_DATABASE_URL=f"sqlite:///{tmp_path / '.marketing' / 'marketing.db'}",
-        MARKETING_WEBHOOK_ALLOW_NETWORKS="127.0.0.1/32",
+        MARKETING_WEBHOOK_ALLOW_NETWORKS=f"{DEMO_RECEIVER_ADDRESS}/32",
         MARKETING_SENSOR_INTERVAL_SECONDS="2",
     )
     argv = [dagster_bin("dagster-daemon"), "run", "-m", "marketing_pipelines.definitions"]

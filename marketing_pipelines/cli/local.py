@@ -15,7 +15,8 @@ def ui_command(port: int) -> None:
     The UI, its daemon and the demo share .marketing/dagster_home and MARKETING_DATABASE_URL (or the
     embedded SQLite file), so the demo's runs, materializations, sensor ticks and pool show there,
     and a demo run while the UI is up lets the UI's daemon do the work. Webhooks from this local UI
-    may reach 127.0.0.1 (the demo's receiver) unless MARKETING_WEBHOOK_ALLOW_NETWORKS says otherwise.
+    may reach the demo's receiver (127.0.0.2, not the UI on 127.0.0.1) unless
+    MARKETING_WEBHOOK_ALLOW_NETWORKS says otherwise.
 
     \b
     Example:
@@ -25,7 +26,7 @@ def ui_command(port: int) -> None:
     import sys
     from pathlib import Path
 
-    from marketing_pipelines.demo import dagster_home
+    from marketing_pipelines.demo import DEMO_RECEIVER_ADDRESS, dagster_home
 
     home, current = dagster_home(), settings()
     ui_url = f"http://127.0.0.1:{port}"
@@ -33,8 +34,9 @@ def ui_command(port: int) -> None:
         **os.environ,
         "DAGSTER_HOME": str(home),
         "MARKETING_DATABASE_URL": current.resolved_database_url,
-        # A local UI's webhooks may reach this machine (the demo's receiver) unless networks were chosen.
-        "MARKETING_WEBHOOK_ALLOW_NETWORKS": ",".join(current.webhook_allow_networks) or "127.0.0.1/32",
+        # A local UI's webhooks (and an agent proposing one) may reach the demo's receiver alone unless
+        # networks were chosen: not this UI's GraphQL on 127.0.0.1, nor another service there.
+        "MARKETING_WEBHOOK_ALLOW_NETWORKS": ",".join(current.webhook_allow_networks) or f"{DEMO_RECEIVER_ADDRESS}/32",
         # Links to runs (alerts sent from this instance) point at this UI.
         "MARKETING_DAGSTER_UI_URL": ui_url,
     }
@@ -43,7 +45,9 @@ def ui_command(port: int) -> None:
     # dg project's folder, not from the installed package in any folder as this command does: nothing for
     # the user to act on. The filter matches that message alone, in that process alone (-W, not inherited).
     quiet = "ignore:Function `dev_command` is superseded"
-    argv = [sys.executable, "-W", quiet, str(dagster), "dev", "-m", "marketing_pipelines.definitions", "-p", str(port)]
+    # The webserver on 127.0.0.1 explicitly: on all addresses it would answer at the receiver's address too.
+    argv = [sys.executable, "-W", quiet, str(dagster), "dev", "-m", "marketing_pipelines.definitions"]
+    argv += ["-h", "127.0.0.1", "-p", str(port)]
     click.echo(f"Dagster UI on {ui_url}, instance {home}", err=True)
     click.echo(f"For links to its runs in `executions show`: export MARKETING_DAGSTER_UI_URL={ui_url}", err=True)
     # From the instance's own folder: started in a folder holding another dagster.yaml (the repository's

@@ -31,6 +31,7 @@ from pydantic import Field
 
 from marketing_pipelines.db.schema import agent_run, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.egress import EgressRefused
+from marketing_pipelines.executions.signing import body_bytes
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.redact import CONTROL_CHARACTERS, url_origin, url_origins
 from marketing_pipelines.settings import Settings, dagster_ui_base, env_name, env_var_if_set, setting_field
@@ -350,7 +351,7 @@ class AlertWebhook(dg.ConfigurableResource):
             return Delivery(False, f"{ALERT_URL_ENV} is not an http(s) URL ({shown})")
         try:
             with _scrubbed_http_logs(scrub):
-                response = client.post(url, {"text": text}, {})
+                response = client.post(url, body_bytes({"text": text}), {"Content-Type": "application/json"})
         except EgressRefused as exc:
             return Delivery(False, f"alert webhook {shown} refused by the egress policy: {scrub(str(exc))}")
         except (TimeoutError, httpx.TimeoutException):

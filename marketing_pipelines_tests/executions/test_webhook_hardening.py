@@ -8,6 +8,7 @@ a 50 MB error body was read to quote 200 characters, and a URL's password and to
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import socket
@@ -25,7 +26,7 @@ from click.testing import CliRunner
 
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.schema import marketing_execution
-from marketing_pipelines.egress import EgressPolicy, parse_networks
+from marketing_pipelines.egress import EgressPolicy, EgressRefused, parse_networks
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import ActionContext, ActionFailed, WebhookAction
 from marketing_pipelines.executions.queue import get_execution, schedule_execution
@@ -91,6 +92,8 @@ def test_disallowed_destinations_are_refused_when_scheduled(
         ("https://hooks.example.com/launch", NONE),  # a name: checked when sent, on its addresses
         ("http://93.184.215.14/hook", NONE),  # a public address
         ("http://127.0.0.1:8080/hook", LOOPBACK),  # allowed by the operator
+        ("http://[2606:4700::1111]/x", NONE),  # a global IPv6 literal
+        ("http://[2001:db8::7]:8443/x", EgressPolicy(parse_networks("2001:db8::/32"))),  # an allowed IPv6 range
     ],
 )
 def test_allowed_destinations_are_accepted(engine: sa.Engine, url: str, egress: EgressPolicy) -> None:
@@ -211,7 +214,7 @@ def test_url_credentials_and_query_are_redacted_wherever_shown(db_url: str, engi
     with engine.connect() as conn:
         row = get_execution(conn, execution_id)
     assert row is not None and row["status"] == "FAILED"
-    assert "https://***@hooks.invalid/x?***" in row["last_error"]
+    assert "https://hooks.invalid" in row["last_error"]
     runner = CliRunner(env={"MARKETING_DATABASE_URL": db_url})
     listed = runner.invoke(main, ["executions", "list"], catch_exceptions=False).output
     shown = runner.invoke(main, ["executions", "show", str(execution_id), "--json"], catch_exceptions=False).output
@@ -229,10 +232,16 @@ def test_url_credentials_and_query_are_redacted_wherever_shown(db_url: str, engi
 @pytest.mark.parametrize(
     ("raw", "shown"),
     [
-        ("https://user:pw@host/x?token=1#f", "https://***@host/x?***#***"),
-        ("http://host:8080/path", "http://host:8080/path"),
-        ("http://[::1]:9/p?q=1", "http://[::1]:9/p?***"),
-        ("https://token@host/", "https://***@host/"),
+        # Scheme, host and port only; "/***" says that something followed.
+        ("https://user:pw@host/x?token=1#f", "https://host/***"),
+        # A path may be the secret itself (Slack, Telegram, Discord webhooks).
+        ("http://host:8080/path", "http://host:8080/***"),
+        ("https://hooks.slack.com/services/T0/B0/SECRET", "https://hooks.slack.com/***"),
+        ("https://api.telegram.org/botTOKEN/sendMessage", "https://api.telegram.org/***"),
+        ("http://[::1]:9/p?q=1", "http://[::1]:9/***"),
+        ("https://token@host/", "https://host/***"),
+        # Nothing beyond the host: nothing hidden.
+        ("https://host", "https://host"),
     ],
 )
 def test_redact_url(raw: str, shown: str) -> None:
@@ -273,3 +282,110 @@ def test_the_request_goes_to_the_checked_address_with_the_hosts_name(tmp_path: A
         server.server_close()
     assert result["status_code"] == 204
     assert seen == [f"[::1]:{port}"]
+
+
+IPV6_ANY = EgressPolicy(parse_networks("::/0"))  # every IPv6 range allowed, no IPv4 one
+
+
+@pytest.mark.parametrize(
+    ("address", "egress", "refused"),
+    [
+        ("2002:7f00:1::", IPV6_ANY, "IPv6 form of 127.0.0.1, a loopback"),  # 6to4 of 127.0.0.1
+        ("2002:7f00:1::", NONE, "IPv6 form of 127.0.0.1, a loopback"),  # 2002::/16 counts as global to Python 3.11
+        ("2002:a9fe:a9fe::", EVERYTHING, "IPv6 form of 169.254.169.254, a link-local"),  # 6to4 of metadata
+        ("2002:a00:1:5::9", IPV6_ANY, "IPv6 form of 10.0.0.1, a private"),  # 6to4 of a private address
+        ("64:ff9b::a9fe:a9fe", EVERYTHING, "IPv6 form of 169.254.169.254, a link-local"),  # NAT64 well-known prefix
+        ("64:ff9b::7f00:1", IPV6_ANY, "IPv6 form of 127.0.0.1, a loopback"),  # NAT64 well-known prefix
+        ("64:ff9b:1::a9fe:a9fe", EVERYTHING, "IPv6 form of 169.254.169.254, a link-local"),  # NAT64 local-use prefix
+        ("2001:0:4136:e378:8000:63bf:80ff:fffe", IPV6_ANY, "IPv6 form of 127.0.0.1, a loopback"),  # Teredo client
+        ("2001:0:4136:e378:8000:63bf:5601:5601", EVERYTHING, "IPv6 form of 169.254.169.254"),  # Teredo client
+        ("::7f00:1", IPV6_ANY, "IPv6 form of 127.0.0.1, a loopback"),  # IPv4-compatible (deprecated)
+        ("::ffff:7f00:1", IPV6_ANY, "IPv6 form of 127.0.0.1, a loopback"),  # IPv4-mapped
+    ],
+)
+def test_ipv6_forms_of_a_refused_ipv4_address_are_refused(address: str, egress: EgressPolicy, refused: str) -> None:
+    with pytest.raises(EgressRefused, match=refused):  # when scheduled
+        egress.check_url(f"http://[{address}]:8080/x")
+    reason = egress.refusal(ipaddress.ip_address(address))  # when sent, on what a name resolved to
+    assert reason is not None and refused in reason
+    with pytest.raises(EgressRefused, match=refused):  # when sent to the literal
+        egress.resolve(address, 8080)
+
+
+@pytest.mark.parametrize(
+    ("address", "egress"),
+    [
+        ("2002:808:808::1", NONE),  # 6to4 of a public address
+        ("64:ff9b::808:808", NONE),  # NAT64 of a public address: the translator sends it to 8.8.8.8
+        ("2001:0:4136:e378:8000:63bf:f7f7:f7f7", IPV6_ANY),  # Teredo (non-global itself) of a public client
+        ("2002:7f00:1::", EVERYTHING),  # the operator allowed loopback and every IPv6 range
+        ("::1", EgressPolicy(parse_networks("::1/128"))),  # IPv6's own loopback, not an IPv4 form
+    ],
+)
+def test_ipv6_forms_of_an_allowed_address_are_allowed(address: str, egress: EgressPolicy) -> None:
+    egress.check_url(f"http://[{address}]/x")
+    assert egress.refusal(ipaddress.ip_address(address)) is None
+
+
+@pytest.mark.parametrize(
+    ("host", "egress"),
+    [
+        ("2606:4700::1111", NONE),  # a global literal: once parsed as the host "2606", a private address
+        ("2001:db8::7", EgressPolicy(parse_networks("2001:db8::/32"))),  # an allowed range
+        ("::1", EgressPolicy(parse_networks("::1/128"))),  # allowed loopback
+    ],
+)
+def test_an_ipv6_literal_is_checked_as_itself_when_sent(host: str, egress: EgressPolicy) -> None:
+    # The host as urlsplit gives it: without the URL's brackets.
+    assert egress.resolve(host, 443) == ipaddress.ip_address(host)
+
+
+def _ipv6_loopback_port() -> int | None:
+    """A free port on ::1, or None when this machine has no IPv6 loopback."""
+    if not socket.has_ipv6:
+        return None
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+            return int(probe.getsockname()[1])
+    except OSError:
+        return None
+
+
+@pytest.mark.skipif(_ipv6_loopback_port() is None, reason="this machine has no IPv6 loopback (::1) to listen on")
+@pytest.mark.parametrize(
+    "host",
+    [
+        "[::1]",
+        "[0:0:0:0:0:0:0:1]",  # the same address in full: was parsed as the host "0", i.e. 0.0.0.0
+    ],
+)
+def test_a_webhook_reaches_an_allowed_ipv6_receiver(host: str) -> None:
+    import http.server
+
+    received: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.path)
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    class V6Server(http.server.HTTPServer):
+        address_family = socket.AF_INET6
+
+    server = V6Server(("::1", 0), Handler)
+    thread = threading.Thread(target=server.handle_request, daemon=True)
+    thread.start()
+    ctx = ActionContext(7, 1, "spring-launch", "launch", logging.getLogger("test"))
+    client = WebhookClient(timeout_s=5, allow_networks=["::1/128"])
+    try:
+        result = WebhookAction().run(ctx, {"url": f"http://{host}:{server.server_address[1]}/hook"}, client)
+    finally:
+        thread.join(timeout=5)
+        server.server_close()
+    assert result["status_code"] == 204 and received == ["/hook"]

@@ -191,7 +191,8 @@ class GitHubReleasesClient(dg.ConfigurableResource):
         raise ServiceError(SERVICE, f"{repo}: more than {MAX_REDIRECTS} redirects; last to {request.url}")
 
     def _client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s)
+        # trust_env=False: HTTP(S)_PROXY / ALL_PROXY in the environment must not route the token elsewhere.
+        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False)
 
     def _sleep(self, seconds: float) -> None:
         time.sleep(seconds)

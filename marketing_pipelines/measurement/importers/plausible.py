@@ -106,7 +106,8 @@ class PlausibleClient(dg.ConfigurableResource):
         }
 
     def _client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s)
+        # trust_env=False: HTTP(S)_PROXY / ALL_PROXY in the environment must not route the API key elsewhere.
+        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False)
 
     def _sleep(self, seconds: float) -> None:
         time.sleep(seconds)
