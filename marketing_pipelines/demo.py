@@ -8,6 +8,7 @@ jobs that Dagster runs, on a real (local, persistent) Dagster instance under
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,11 +33,14 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.executions.endpoints import add_endpoint, remove_endpoint
 from marketing_pipelines.executions.queue import list_executions, schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.sensors import executions_of_run
+from marketing_pipelines.executions.signing import signature
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.measurement.demo import run_measurement_demo
+from marketing_pipelines.sealing import SecretBox, new_key
 from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings, load_settings
 
 Echo = Callable[[str], None]
@@ -51,6 +55,7 @@ DEMO_CAMPAIGNS = (
 # loopback), so allowing it as a /32 (the demo here, `marketing-pipelines ui` for its daemon) lets
 # webhooks reach this receiver and not the Dagster webserver or another service on 127.0.0.1.
 DEMO_RECEIVER_ADDRESS = "127.0.0.2"
+SIGNATURE_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature")
 
 
 @contextmanager
@@ -61,7 +66,16 @@ def _demo_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", "0")))
-            received.append({"idempotency_key": self.headers.get("Idempotency-Key"), "body": json.loads(body)})
+            received.append(
+                {
+                    "idempotency_key": self.headers.get("Idempotency-Key"),
+                    "body": json.loads(body),
+                    "raw": body,
+                    "signed": {
+                        k: self.headers.get(k) for k in ("webhook-id", "webhook-timestamp", "webhook-signature")
+                    },
+                }
+            )
             self.send_response(204)
             self.end_headers()
 
@@ -86,6 +100,43 @@ def _demo_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 # Loopback is reachable only when an operator allows it; the demo allows exactly its receiver's
 # address for its own execution.
 DEMO_EGRESS = EgressPolicy(parse_networks(f"{DEMO_RECEIVER_ADDRESS}/32"))
+DEMO_ENDPOINT = "demo-receiver"
+
+
+def _demo_endpoint(engine: sa.Engine, settings: Settings, hook_url: str, echo: Echo) -> str | None:
+    """Points the demo's registered endpoint at this run's receiver; returns its signing secret.
+
+    The embedded SQLite default gets a key file beside its database (``secrets.key``, readable by its
+    owner only) the first time; with another database and no MARKETING_SECRETS_KEY, the demo's
+    webhook goes to a raw URL, unsigned, and says so.
+    """
+    keys = settings.sealing_keys()
+    key_file = settings.secrets_key_file()
+    if keys is None and key_file is not None:
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="ascii") as handle:
+            handle.write(new_key() + "\n")
+        keys = settings.sealing_keys()
+        echo(f"      made a key for sealed webhook endpoints: {key_file} (MARKETING_SECRETS_KEY overrides it)")
+    if keys is None:
+        echo("      MARKETING_SECRETS_KEY is not set: the demo's webhook goes unsigned to a raw URL")
+        return None
+    with engine.begin() as conn:
+        # The receiver's port is new each run: the endpoint is registered again, with a new secret.
+        remove_endpoint(conn, DEMO_ENDPOINT)
+        return add_endpoint(conn, SecretBox(keys), DEMO_ENDPOINT, hook_url, DEMO_EGRESS, campaign_id="spring-launch")
+
+
+def _verified(secret: str | None, received: list[dict[str, Any]]) -> int:
+    """How many deliveries carry a valid signature under ``secret`` (what a receiver checks)."""
+    count = 0
+    for item in received:
+        signed = item["signed"]
+        if secret and signed["webhook-signature"]:
+            expected = signature(secret, signed["webhook-id"], int(signed["webhook-timestamp"]), item["raw"])
+            count += expected in signed["webhook-signature"].split(" ")
+    return count
 
 
 # The instance config of the demo's Dagster home, the one `marketing-pipelines ui` opens too: the
@@ -186,6 +237,11 @@ def run_demo(days: int = 7, echo: Echo = print, settings: Settings | None = None
     with _demo_receiver() as (hook_url, received):
         echo("[2/4] Seeding campaigns and due executions (a second demo reuses what the first one seeded)")
         now = datetime.now(UTC)
+        with engine.begin() as conn:
+            for campaign in DEMO_CAMPAIGNS:
+                upsert_campaign(conn, campaign)
+        secret = _demo_endpoint(engine, settings, hook_url, echo)
+        target = {"endpoint": DEMO_ENDPOINT} if secret else {"url": hook_url}
         wanted = [
             (
                 f"demo:{c.id}:{stage}",
@@ -206,14 +262,12 @@ def run_demo(days: int = 7, echo: Echo = print, settings: Settings | None = None
                     "campaign_id": "spring-launch",
                     "stage": "follow-up",
                     "action": "webhook",
-                    "payload": {"url": hook_url, "body": {"text": "Spring launch follow-up"}},
+                    "payload": {**target, "body": {"text": "Spring launch follow-up"}},
                 },
             )
         )
         scheduled, reused = [], []
         with engine.begin() as conn:
-            for campaign in DEMO_CAMPAIGNS:
-                upsert_campaign(conn, campaign)
             for key, fields in wanted:
                 existing = conn.execute(
                     sa.select(marketing_execution.c.id).where(marketing_execution.c.dedupe_key == key)
@@ -250,14 +304,19 @@ def run_demo(days: int = 7, echo: Echo = print, settings: Settings | None = None
             else:
                 resources = {
                     "app_db": AppDatabase(url=url),
-                    "webhook": WebhookClient(timeout_s=5, allow_networks=[str(n) for n in DEMO_EGRESS.allow]),
+                    "webhook": WebhookClient(
+                        timeout_s=5,
+                        allow_networks=[str(n) for n in DEMO_EGRESS.allow],
+                        secrets_key=settings.sealing_keys(),
+                    ),
                     "models": ModelGateway(),
                     "execution_settings": ExecutionSettings.from_settings(settings),
                     "agent_settings": AgentSettings.from_settings(settings),
                 }
                 launched = _drain(instance, [due_executions_sensor, queued_agent_runs_sensor], defs, resources, echo)
                 echo(f"      {launched} runs finished")
-        echo(f"      the webhook receiver got {len(received)} request(s)")
+        signed = f", {_verified(secret, received)} with a valid signature" if secret else ""
+        echo(f"      the webhook receiver got {len(received)} request(s){signed}")
 
     echo("[4/4] Outcomes")
     with engine.connect() as conn:

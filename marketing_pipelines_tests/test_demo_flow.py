@@ -35,6 +35,9 @@ def test_a_second_demo_adds_no_work(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     first = _rows(engine)
     # 5 scheduled executions, 3 agent runs, and the one follow-up an agent proposed (due tomorrow).
     assert len(first[0]) == 6 and first[1] == 3
+    # The webhook went to a registered endpoint, signed under a key the demo made, readable by its owner only.
+    assert any("the webhook receiver got 1 request(s), 1 with a valid signature" in line for line in first_lines)
+    assert (tmp_path / ".marketing" / "secrets.key").stat().st_mode & 0o777 == 0o600
     second_lines: list[str] = []
     run_demo(days=1, echo=second_lines.append, settings=_embedded_default(tmp_path))
     assert _rows(engine) == first
@@ -76,7 +79,8 @@ def test_the_demo_while_the_ui_daemon_runs_lets_it_do_the_work(tmp_path: Path, m
         )
         statuses = {r.status for r in instance.get_runs() if r.job_name in ("marketing_execution_job", "agent_run_job")}
     assert any("the UI's dagster-daemon is running on this instance" in line for line in lines)
-    assert any("the webhook receiver got 1 request(s)" in line for line in lines)
+    # The key file the demo made after the daemon loaded is found when its run sends.
+    assert any("the webhook receiver got 1 request(s), 1 with a valid signature" in line for line in lines)
     # All the demo's work done by the daemon, nothing failed or left pending (the agent's follow-up
     # is due tomorrow).
     assert [s for _, s in executions] == ["SUCCEEDED"] * 5 + ["SCHEDULED"] and runs == 3

@@ -65,14 +65,16 @@ class WebhookClient(dg.ConfigurableResource):
     def from_settings(cls, settings: Settings) -> WebhookClient:
         key_file = settings.secrets_key_file()
         key = settings.secrets_key.get_secret_value() if settings.secrets_key else None
-        # Without the env var, the SQLite default's key file (made by the demo), if there is one.
+        # Without the env var, the SQLite database's key file (made by the demo).
         return cls(
             timeout_s=settings.webhook_timeout_seconds,
             allow_networks=list(settings.webhook_allow_networks),
             concurrency=settings.webhook_concurrency,
             # An EnvVar, so the launchpad and run config show the variable's name, never the key.
             secrets_key=env_var_if_set(KEY_SETTING) or key,
-            secrets_key_file=str(key_file) if key is None and key_file and key_file.exists() else None,
+            # Read when a run sends, so a key file made after the code location loaded (a first demo while
+            # `marketing-pipelines ui` is up) is found.
+            secrets_key_file=str(key_file) if key is None and key_file else None,
         )
 
     def sealing_keys(self) -> str | None:
