@@ -1,12 +1,14 @@
 """The agents and the tools they may call.
 
 A tool names the permission it needs and the argument that scopes it to a campaign; the loop
-checks that permission for the requester (``users.authorize``) before every call. Tools run
-inside one database transaction each and return JSON-serialisable results.
+refuses any campaign but the run's own, then checks that permission for the requester
+(``users.authorize``) before every call. Tools run inside one database transaction each and
+return JSON-serialisable results.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,14 +20,16 @@ import sqlalchemy as sa
 from marketing_pipelines.agents.providers.types import ToolSpec
 from marketing_pipelines.db.campaigns import get_campaign
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.strict_json import loads_json
 
 
 @dataclass(frozen=True)
 class ToolCallContext:
-    """Who is calling, for what run: tools that write record it."""
+    """Who is calling, for what run and campaign: tools that write record it."""
 
     agent_run_id: int
     user_id: str
+    campaign_id: str
 
 
 @dataclass(frozen=True)
@@ -85,20 +89,44 @@ def _schedule_execution(conn: sa.Connection, args: dict[str, Any], ctx: ToolCall
 
     payload = args.get("payload") or {}
     if isinstance(payload, str):
-        payload = json.loads(payload)
-    # Keyed by the agent run and what it asks for: a retried attempt of the same agent run
-    # that proposes the same execution gets the existing one back, not a duplicate.
-    key = f"agent-run:{ctx.agent_run_id}:{args['stage']}:{args['action']}:{args['due']}"
+        payload = loads_json(payload)  # ValueError (not JSON, NaN, too deep): the loop records a tool error
+    if args["campaign_id"] != ctx.campaign_id:
+        # The loop refuses this before any tool runs; a write checks again rather than trust one caller.
+        raise InvalidInput(f"agent run {ctx.agent_run_id} may schedule only for campaign {ctx.campaign_id!r}")
+    due = str(args["due"])
+    due_at = parse_due(due)
     execution_id = schedule_execution(
         conn,
-        campaign_id=args["campaign_id"],
+        campaign_id=ctx.campaign_id,
         stage=args["stage"],
         action=args["action"],
-        due_at=parse_due(str(args["due"])),
+        due_at=due_at,
         payload=payload,
-        dedupe_key=key[:200],
+        dedupe_key=agent_execution_key(
+            ctx.agent_run_id,
+            ctx.campaign_id,
+            {
+                "stage": args["stage"],
+                "action": args["action"],
+                # "now" resolves anew on every call: keyed as written, so a redelivered call still matches.
+                "due": "now" if due.strip().lower() == "now" else due_at.isoformat(),
+                "payload": payload,
+            },
+        ),
     )
     return {"scheduled_execution_id": execution_id}
+
+
+def agent_execution_key(agent_run_id: int, campaign_id: str, execution: dict[str, Any]) -> str:
+    """The dedupe key of an execution an agent run schedules: its run, its campaign and a hash of what it does.
+
+    The same call made again (a redelivered or retried run) gets the existing execution back; any
+    other stage, action, due time or payload in the same run is a different execution and gets its own
+    row. Hashed, not spelled out, so the key fits its column whatever the stage or payload, and no
+    separator inside them can make two executions' keys meet.
+    """
+    canonical = json.dumps(execution, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return f"agent-run:{agent_run_id}:{campaign_id}:{hashlib.sha256(canonical.encode()).hexdigest()}"
 
 
 TOOLS: dict[str, Tool] = {
@@ -169,6 +197,9 @@ TOOLS: dict[str, Tool] = {
 }
 
 
+PROPOSAL_FIELDS = ("stage", "action", "due", "payload")
+
+
 @dataclass(frozen=True)
 class InputField:
     kind: type
@@ -208,6 +239,13 @@ class AgentDefinition:
             missing = [k for k in ("stage", "action", "due") if k not in proposal]
             if missing:
                 raise InvalidInput(f"input field 'propose' needs {', '.join(missing)}")
+            # A proposal is for the run's own campaign: a campaign_id in it would redirect the model's calls.
+            extra = sorted(set(proposal) - set(PROPOSAL_FIELDS))
+            if extra:
+                raise InvalidInput(
+                    f"input field 'propose' does not take {', '.join(map(repr, extra))[:200]}; "
+                    f"it takes: {', '.join(PROPOSAL_FIELDS)}"
+                )
         return given
 
     def task(self, campaign_id: str, given: dict[str, Any], today: date | None = None) -> dict[str, Any]:
@@ -221,6 +259,7 @@ class AgentDefinition:
         }
         task.update({k: v for k, v in given.items() if k not in ("propose", "from", "to")})
         task.update(given.get("propose", {}))
+        task["campaign_id"] = campaign_id  # last: no input field may name another campaign to the model
         return task
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, get_agent
-from marketing_pipelines.agents.users import Grant, User, current_grants, holds, require_user
+from marketing_pipelines.agents.users import Grant, User, current_grants, grants_on_campaign, holds, require_user
 from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.lease import RETRYABLE, LeaseQueue, cancel
 from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
@@ -78,7 +78,7 @@ def request_agent_run(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     environ: Mapping[str, str] | None = None,
 ) -> int:
-    """Validate a request, capture the requester's current permissions, insert a QUEUED row.
+    """Validate a request, capture the requester's current permissions on the campaign, insert a QUEUED row.
 
     Returns the agent run id. The agent never runs here: queued_agent_runs_sensor claims the row and a
     Dagster run performs it, so a request survives restarts and obeys the concurrency pool.
@@ -133,8 +133,12 @@ def request_agent_run(
 def requester_refusal(
     conn: sa.Connection, user: User, campaign_id: str, definition: AgentDefinition
 ) -> tuple[list[Grant], str | None]:
-    """The user's grants now, and why they may not run ``definition`` on ``campaign_id`` (None when they may)."""
-    grants = sorted(current_grants(conn, user.id))
+    """The user's grants on ``campaign_id`` now, and why they may not run ``definition`` there (None when they may).
+
+    Only grants on the run's campaign are returned (a global one narrowed to it): they are what the
+    run captures, so nothing the model is steered to ask can reach another campaign.
+    """
+    grants = grants_on_campaign(current_grants(conn, user.id), campaign_id)
     if not user.active:
         return grants, f"user {user.id!r} is not active and cannot request agent runs"
     needed = sorted({TOOLS[name].permission for name in definition.tools})

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, ToolCallContext
 from marketing_pipelines.agents.providers.types import ModelProvider, ToolCall
 from marketing_pipelines.agents.queue import Transcript, json_safe
-from marketing_pipelines.agents.users import Grant, authorize
+from marketing_pipelines.agents.users import Grant, authorize, grants_on_campaign
 from marketing_pipelines.errors import InvalidInput
 
 MAX_TOOL_RESULT_CHARS = 8_000
@@ -65,7 +65,8 @@ def run_agent_loop(
 ) -> AgentResult:
     own_tools = frozenset(definition.tools)
     specs = [TOOLS[name].spec for name in definition.tools]
-    captured = frozenset(Grant.from_json(g) for g in run["permissions"])
+    # Narrowed again here: a run queued before captures were scoped may still hold other campaigns' grants.
+    captured = frozenset(grants_on_campaign((Grant.from_json(g) for g in run["permissions"]), run["campaign_id"]))
     task = definition.task(run["campaign_id"], dict(run["input"]))
     messages: list[dict[str, Any]] = [{"role": "user", "content": json.dumps(task)}]
     transcript.add("task", None, task)
@@ -128,17 +129,27 @@ def _call_tool(
             transcript, call, f"{call.name!r} is not one of this agent's tools ({', '.join(sorted(own_tools))})", log
         )
     tool = TOOLS[call.name]
-    problem = _argument_problem(call.name, call.arguments)
+    problem = call.problem or _argument_problem(call.name, call.arguments)
     if problem:
         return _refuse(transcript, call, f"invalid arguments: {problem}", log)
     campaign_id = str(call.arguments.get(tool.campaign_arg, run["campaign_id"]))
+    if campaign_id != run["campaign_id"]:
+        # Text in this campaign's data may steer the model toward another campaign its requester
+        # may also touch: a run acts on its own campaign only, for reads as for writes.
+        return _refuse(
+            transcript,
+            call,
+            f"campaign {campaign_id[:64]!r} is outside this run: agent run {run['id']} acts only on "
+            f"campaign {run['campaign_id']!r}",
+            log,
+        )
     # Decide and act in one transaction, and write the transcript only after it ends: on
     # SQLite a second transaction opened inside the first would wait on its own lock.
     try:
         with engine.begin() as conn:
             decision = authorize(conn, run["requested_by"], captured, tool.permission, campaign_id)
             result = (
-                tool.run(conn, dict(call.arguments), ToolCallContext(run["id"], run["requested_by"]))
+                tool.run(conn, dict(call.arguments), ToolCallContext(run["id"], run["requested_by"], campaign_id))
                 if decision.allowed
                 else None
             )

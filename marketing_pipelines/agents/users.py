@@ -1,8 +1,10 @@
 """Users and their permissions, optionally scoped to one campaign.
 
 A grant is (user, permission, scope) where scope is a campaign id or ``*`` for all campaigns.
-Agent runs capture the requester's grants at request time; each tool call is then allowed only
-if the grant is in that captured set *and* the user still holds it now (see ``authorize``).
+Agent runs capture the requester's grants on the run's campaign only (``grants_on_campaign``): a
+model steered by text in one campaign's data must not reach another campaign its requester may
+touch. Each tool call is then allowed only if the grant is in that captured set *and* the user
+still holds it now (see ``authorize``).
 """
 
 from __future__ import annotations
@@ -133,6 +135,15 @@ def current_grants(conn: sa.Connection, user_id: str) -> frozenset[Grant]:
 
 def holds(grants: Iterable[Grant], permission: str, campaign_id: str) -> bool:
     return any(g.covers(permission, campaign_id) for g in grants)
+
+
+def grants_on_campaign(grants: Iterable[Grant], campaign_id: str) -> list[Grant]:
+    """The permissions ``grants`` give on ``campaign_id``, each scoped to that campaign alone.
+
+    A global grant is narrowed to ``campaign_id``: what an agent run captures must not let it act
+    on any other campaign, whatever its requester may do there.
+    """
+    return sorted({Grant(g.permission, campaign_id) for g in grants if g.scope in (ALL_CAMPAIGNS, campaign_id)})
 
 
 @dataclass(frozen=True)

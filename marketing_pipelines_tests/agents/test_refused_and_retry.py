@@ -136,8 +136,9 @@ def test_a_refused_request_is_recorded_as_refused_with_its_reason(
     row = _row(people, refused.agent_run_id)
     assert (row["status"], row["requested_by"], row["attempts"]) == ("REFUSED", kw["requested_by"], 0)
     assert reason in row["error"] and row["finished_at"] is not None and row["lease_owner"] is None
-    # What was captured is kept: ben's one grant, carl's too (inactive, not ungranted).
-    assert row["permissions"] == [["campaign:read", "spring-launch" if kw["requested_by"] == "ben" else "*"]]
+    # What was captured on the campaign is kept: nothing of ben's (his grant is on another campaign), and
+    # carl's global grant narrowed to it (inactive, not ungranted).
+    assert row["permissions"] == ([] if kw["requested_by"] == "ben" else [["campaign:read", "spring-launch"]])
     with people.connect() as conn:
         assert [r["id"] for r in list_agent_runs(conn, status="REFUSED")] == [refused.agent_run_id]
         assert running_count(conn) == 0
