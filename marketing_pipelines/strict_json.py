@@ -1,12 +1,24 @@
-"""Strict JSON for untrusted text: what PostgreSQL would refuse (NaN, Infinity, 1e400) is refused here first."""
+"""Strict JSON for untrusted text: what PostgreSQL would refuse (NaN, Infinity, 1e400) is refused here first,
+and so is nesting deeper than MAX_JSON_DEPTH, which Python's parser and encoder handle by recursion."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from marketing_pipelines.errors import InvalidInput
+
+# No payload, tool argument or agent input needs more; json.loads and json.dumps recurse once per level and
+# raise RecursionError (not ValueError) near 1000, sooner on a deeper call stack.
+MAX_JSON_DEPTH = 64
+# A document that wraps such values in a few levels of its own (a model's response around tool arguments).
+MAX_ENVELOPE_DEPTH = 2 * MAX_JSON_DEPTH
+# A string (brackets inside it do not count), to its closing quote or, unterminated, to the end of the text, or
+# a bracket. A string always matches where it starts, so the scan never retries inside one: linear (a pattern
+# that required the closing quote would rescan the rest of the text from every quote of '\\"[]' * 50000).
+_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\[\s\S]?[^"\\]*)*"?|[\[\]{}]')
 
 
 def _refuse_constant(name: str) -> Any:
@@ -20,11 +32,58 @@ def _finite_float(text: str) -> float:
     return number
 
 
-def loads_json(text: str) -> Any:
+def _too_deep(max_depth: int) -> ValueError:
+    return ValueError(f"nested deeper than {max_depth} levels")
+
+
+def check_text_depth(text: str, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Raise ValueError when the arrays and objects of JSON ``text`` nest deeper than ``max_depth``.
+
+    Checked before parsing, so a hostile text never reaches the parser's recursion. Linear; a text with
+    no more brackets than ``max_depth`` (nearly every one) costs two ``str.count`` calls.
+    """
+    if text.count("[") + text.count("{") <= max_depth:
+        return
+    depth = 0
+    for match in _STRING_OR_BRACKET.finditer(text):
+        char = text[match.start()]
+        if char in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise _too_deep(max_depth)
+        elif char in "]}":
+            depth -= 1
+
+
+def check_depth(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Raise ValueError when the dicts and lists of an already-parsed ``value`` nest deeper than ``max_depth``.
+
+    For JSON another parser read (an HTTP client's ``response.json()``), before anything recurses over it.
+    Iterative, so the check itself cannot hit the recursion limit.
+    """
+    pending: list[tuple[Any, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth + 1 > max_depth:
+            raise _too_deep(max_depth)
+        pending.extend((child, depth + 1) for child in children)
+
+
+def loads_json(text: str, max_depth: int | None = MAX_JSON_DEPTH) -> Any:
     """``json.loads`` that refuses what is not JSON to PostgreSQL: NaN, Infinity, 1e400 (ValueError).
 
-    Python's json accepts all three; PostgreSQL refuses them, and SQLite would store non-JSON.
+    Python's json accepts all three; PostgreSQL refuses them, and SQLite would store non-JSON. Nesting
+    deeper than ``max_depth`` is refused too (ValueError), before parsing. ``None`` leaves the depth to
+    the parser (RecursionError past its limit), for callers that store deeper JSON and handle that.
     """
+    if max_depth is not None:
+        check_text_depth(text, max_depth)
     return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
 
 
@@ -36,7 +95,7 @@ def parse_json_object(value: str | None, name: str) -> dict[str, Any]:
         parsed = loads_json(value)
     except json.JSONDecodeError as exc:
         raise InvalidInput(f"{name} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except ValueError as exc:  # NaN / Infinity: Python's json accepts them, JSON and PostgreSQL do not
+    except ValueError as exc:  # NaN / Infinity (Python's json accepts them, JSON and PostgreSQL do not), depth
         raise InvalidInput(f"{name} is not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise InvalidInput(f"{name} must be a JSON object, got {type(parsed).__name__}")

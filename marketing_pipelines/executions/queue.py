@@ -19,7 +19,7 @@ from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import InvalidPayload, get_action, webhook_policy
 from marketing_pipelines.executions.endpoints import require_endpoint
-from marketing_pipelines.strict_json import loads_json, parse_json_object
+from marketing_pipelines.strict_json import check_depth, loads_json, parse_json_object
 
 EXECUTIONS = LeaseQueue(
     table=marketing_execution,
@@ -94,10 +94,20 @@ def schedule_execution(
         raise InvalidInput(f"stage {stage!r} must be 1-{STAGE_MAX} characters")
     if dedupe_key is not None and not 1 <= len(dedupe_key) <= DEDUPE_KEY_MAX:
         raise InvalidInput(f"dedupe_key must be 1-{DEDUPE_KEY_MAX} characters, got {len(dedupe_key)}")
+    # A repeat of a request already scheduled gets the first one's id before the checks below: its own
+    # values would not be stored, so checking them (the endpoint's lookup, a policy changed since) could
+    # only turn the repeat's answer into an error. The INSERT below settles the race of first requests.
+    existing = execution_with_dedupe_key(conn, dedupe_key) if dedupe_key is not None else None
+    if existing is not None:
+        return existing
     if not 1 <= max_attempts <= MAX_ATTEMPTS:
         raise InvalidInput(f"max_attempts must be from 1 to {MAX_ATTEMPTS}, got {max_attempts}")
     if due_at.tzinfo is None:
         raise InvalidInput("due_at must be timezone-aware")
+    try:
+        check_depth(payload)  # a Python caller's payload: validating and json.dumps recurse per level
+    except ValueError as exc:
+        raise InvalidInput(f"payload is {exc}") from None
     try:
         get_action(action).validate(payload, egress or webhook_policy())
     except InvalidPayload as exc:
@@ -113,13 +123,11 @@ def schedule_execution(
     if _holds_nul(payload):
         raise InvalidInput("payload holds a NUL character (\\u0000), which PostgreSQL cannot store")
     t = marketing_execution
-    if dedupe_key is not None:
-        existing = execution_with_dedupe_key(conn, dedupe_key)
-        if existing is not None:
-            return existing
     now = datetime.now(UTC)
-    return conn.execute(
-        sa.insert(t)
+    # One statement, not a lookup then an INSERT: of concurrent first requests with one key, one inserts
+    # and the others (PostgreSQL makes them wait for its commit) insert nothing, instead of an IntegrityError.
+    inserted = conn.execute(
+        insert_ignoring_conflicts(conn, t, t.c.dedupe_key)
         .values(
             campaign_id=campaign_id,
             stage=stage,
@@ -134,7 +142,14 @@ def schedule_execution(
             updated_at=now,
         )
         .returning(t.c.id)
-    ).scalar_one()
+    ).scalar_one_or_none()
+    if inserted is not None:
+        return inserted
+    # Only dedupe_key can conflict (a NULL key never does), and executions are never deleted.
+    winner = execution_with_dedupe_key(conn, dedupe_key) if dedupe_key is not None else None
+    if winner is None:
+        raise RuntimeError(f"dedupe_key {dedupe_key!r} conflicted on insert but names no execution")
+    return winner
 
 
 def list_executions(
@@ -472,6 +487,8 @@ def schedule_lines(
         line, key = parsed.line, parsed.line.dedupe_key
         try:
             with conn.begin_nested():
+                # For the summary only: schedule_execution returns a concurrent scheduler's row for the same
+                # key (never an IntegrityError), which a line that lost that race then counts as new.
                 known = execution_with_dedupe_key(conn, key) if key is not None else None
                 execution_id = schedule_execution(
                     conn,
@@ -486,13 +503,6 @@ def schedule_lines(
                 )
         except InvalidInput as exc:
             errors.append(LineError(parsed.number, str(exc)))
-            continue
-        except sa.exc.IntegrityError:
-            # A concurrent scheduler inserted the same dedupe key first: that row is this line's.
-            concurrent = execution_with_dedupe_key(conn, key) if key is not None else None
-            if concurrent is None:
-                raise
-            existing.append(concurrent)
             continue
         (existing if known is not None else new).append(execution_id)
     return ScheduledFile(new=tuple(new), existing=tuple(existing), errors=tuple(sorted(errors, key=lambda e: e.number)))

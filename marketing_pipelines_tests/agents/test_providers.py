@@ -352,7 +352,7 @@ def test_openai_parses_tool_calls_with_null_content() -> None:
     )
 
 
-def test_openai_invalid_tool_arguments_name_the_tool() -> None:
+def test_openai_invalid_tool_arguments_are_a_problem_of_the_call_not_an_error() -> None:
     payload = openai_completion(
         {
             "role": "assistant",
@@ -365,8 +365,10 @@ def test_openai_invalid_tool_arguments_name_the_tool() -> None:
     )
     script = Script(httpx.Response(200, json=payload))
 
-    with pytest.raises(ServiceError, match="'count_signups' has invalid JSON arguments"):
-        complete_once(scripted_openai(script))
+    # Not an error that fails the run: the loop refuses the call, records it and tells the model.
+    [call] = complete_once(scripted_openai(script)).tool_calls
+    assert (call.name, call.arguments) == ("count_signups", {})
+    assert call.problem is not None and call.problem.startswith("invalid JSON arguments")
 
 
 # --- retries and errors, same contract for both HTTP providers ---------------------------------

@@ -276,6 +276,20 @@ def test_plausible_truncated_json_is_a_service_error() -> None:
     assert not isinstance(raised.value, json.JSONDecodeError)
 
 
+@pytest.mark.parametrize("status", [200, 400])  # a result body, and an error body read for its message
+@pytest.mark.parametrize("importer", ["plausible", "github"])
+def test_a_body_nested_past_the_parser_is_a_service_error_not_a_recursion_error(importer: str, status: int) -> None:
+    hostile = "[" * 100_000  # response.json() recursed once per level: RecursionError, a traceback
+    recorder = Recorder(
+        lambda request: httpx.Response(status, content=hostile, headers={"content-type": "application/json"})
+    )
+    with pytest.raises(ServiceError):
+        if importer == "plausible":
+            plausible(recorder).daily_campaign_stats(DAY)
+        else:
+            github(recorder).list_release_assets("acme/widget")
+
+
 def test_plausible_row_for_another_day_is_refused() -> None:
     page = plausible_page([("spring", "/", 3, 4)], 0, 10_000)
     page["results"][0]["dimensions"][0] = "2026-11-25"

@@ -8,6 +8,7 @@ from typing import Any
 from marketing_pipelines.agents.providers.base import HTTPModel, ProviderSpec, int_or_zero
 from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec
 from marketing_pipelines.http import ServiceError
+from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_depth
 
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -95,6 +96,10 @@ def _is_tool_result_message(message: dict) -> bool:
 
 
 def _parse_anthropic(payload: dict[str, Any], service: str) -> ModelTurn:
+    try:  # before anything below recurses over it (json.dumps, str of a nested list)
+        check_depth(payload, MAX_ENVELOPE_DEPTH)
+    except ValueError as exc:
+        raise ServiceError(service, f"response is {exc}") from None
     content = payload.get("content")
     if not isinstance(content, list):
         raise ServiceError(service, f"response has no content list: {json.dumps(payload)[:200]}")
@@ -109,7 +114,12 @@ def _parse_anthropic(payload: dict[str, Any], service: str) -> ModelTurn:
             tool_input = block.get("input")
             if not isinstance(block.get("id"), str) or not isinstance(tool_input, dict):
                 raise ServiceError(service, f"malformed tool_use block for tool {block.get('name')!r}")
-            calls.append(ToolCall(id=block["id"], name=str(block.get("name", "")), arguments=tool_input))
+            problem = None
+            try:  # the same bound as every other JSON the agents take in; refused and answered to the model
+                check_depth(tool_input)
+            except ValueError as exc:
+                tool_input, problem = {}, f"input {exc}"
+            calls.append(ToolCall(block["id"], str(block.get("name", "")), tool_input, problem))
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
     return ModelTurn(
         text="".join(texts),

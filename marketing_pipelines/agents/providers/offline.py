@@ -6,12 +6,11 @@ an API key.
 
 from __future__ import annotations
 
-import json
-
 import dagster as dg
 
 from marketing_pipelines.agents.providers.base import ProviderSpec
 from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec
+from marketing_pipelines.strict_json import loads_json
 
 OFFLINE_RESULT_PREVIEW_CHARS = 200
 
@@ -56,8 +55,8 @@ def _first_user_object(messages: list[dict]) -> dict:
         if message.get("role") == "user":
             content = message.get("content")
             try:
-                parsed = json.loads(content) if isinstance(content, str) else None
-            except json.JSONDecodeError:
+                parsed = loads_json(content) if isinstance(content, str) else None
+            except ValueError:  # not JSON, NaN, or nested deeper than MAX_JSON_DEPTH: no usable task
                 parsed = None
             return parsed if isinstance(parsed, dict) else {}
     return {}

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from marketing_pipelines.agents.providers.base import HTTPModel, ProviderSpec, int_or_zero
 from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec
 from marketing_pipelines.http import ServiceError
+from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_depth, check_text_depth
 
 
 class OpenAIModel(HTTPModel):
@@ -86,24 +87,37 @@ def _openai_messages(system: str, messages: list[dict]) -> list[dict]:
     return converted
 
 
-def _parse_openai_arguments(raw: object, tool_name: str, service: str) -> dict:
+def _parse_openai_arguments(raw: object) -> tuple[dict, str | None]:
+    """The call's arguments, or ({}, why they cannot be read): a model's bad call is refused and
+    answered to the model (recorded as a denial), not an error that fails the run."""
     # Some OpenAI-compatible servers send an object instead of a JSON string, or "" for no arguments.
     if isinstance(raw, dict):
-        return raw
+        try:
+            check_depth(raw)
+        except ValueError as exc:
+            return {}, f"arguments {exc}"
+        return raw, None
     if raw is None or raw == "":
-        return {}
+        return {}, None
+    if not isinstance(raw, str):
+        return {}, f"arguments are a JSON {type(raw).__name__}, not an object"
     try:
-        parsed = json.loads(raw) if isinstance(raw, str) else None
-    except json.JSONDecodeError as exc:
-        raise ServiceError(
-            service, f"tool call {tool_name!r} has invalid JSON arguments ({exc}): {raw!r:.200}"
-        ) from exc
+        # Depth first: json.loads recurses per level and raises RecursionError, not ValueError, on
+        # "[" * 10**5. Not loads_json: a NaN is left for the loop to refuse, in an answer the model gets.
+        check_text_depth(raw)
+        parsed = json.loads(raw)
+    except ValueError as exc:  # json.JSONDecodeError, or the depth
+        return {}, f"invalid JSON arguments ({str(exc)[:200]})"
     if not isinstance(parsed, dict):
-        raise ServiceError(service, f"tool call {tool_name!r} arguments are not a JSON object: {raw!r:.200}")
-    return parsed
+        return {}, "arguments are not a JSON object"
+    return parsed, None
 
 
 def _parse_openai(payload: dict[str, Any], service: str) -> ModelTurn:
+    try:  # before anything below recurses over it (json.dumps, str of a nested list)
+        check_depth(payload, MAX_ENVELOPE_DEPTH)
+    except ValueError as exc:
+        raise ServiceError(service, f"response is {exc}") from None
     choices = payload.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise ServiceError(service, f"response has no choices: {json.dumps(payload)[:200]}")
@@ -116,8 +130,8 @@ def _parse_openai(payload: dict[str, Any], service: str) -> ModelTurn:
         if not isinstance(function, dict) or not isinstance(raw_call.get("id"), str):
             raise ServiceError(service, f"malformed tool call: {json.dumps(raw_call)[:200]}")
         tool_name = str(function.get("name", ""))
-        arguments = _parse_openai_arguments(function.get("arguments"), tool_name, service)
-        calls.append(ToolCall(id=raw_call["id"], name=tool_name, arguments=arguments))
+        arguments, problem = _parse_openai_arguments(function.get("arguments"))
+        calls.append(ToolCall(id=raw_call["id"], name=tool_name, arguments=arguments, problem=problem))
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
     return ModelTurn(
         # A refusal arrives in its own field with content null; surface it rather than an empty turn.

@@ -32,6 +32,9 @@ class ToolCall:
     id: str
     name: str
     arguments: dict
+    # Why the model's arguments could not be read (invalid JSON, nested too deep): the loop refuses the
+    # call, records it and answers the model, as for arguments that do not fit the tool's schema.
+    problem: str | None = None
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,8 @@ def load_events_file(
     """
     path = Path(path)
     fmt = file_format(path)
+    if not path.is_file():  # follows a symlink: /dev/zero or a named pipe would be read forever, or block
+        raise InvalidInput(f"{path}: not a regular file (a device, pipe or socket); give a .jsonl or .csv file")
     with engine.connect() as conn:
         known = known_campaign_ids(conn)
     counts = LoadCounts()
@@ -109,7 +111,7 @@ def load_events_file(
     # fifth of the reading. Frozen, those are left out of collections until the load ends.
     gc.freeze()
     try:
-        seen_record = _read_chunks(path, fmt, known, source, batch_size, progress, counts, writer)
+        _read_chunks(path, fmt, known, source, batch_size, progress, counts, writer)
     except BaseException:
         # Chunks handed over were, to the reader, already written: they commit before the error surfaces.
         writer.close(raise_error=False)
@@ -119,11 +121,6 @@ def load_events_file(
     writer.close()
     if counts.read == 0:
         raise InvalidInput(f"{path}: no events found (the file is empty or has only a header)")
-    if not seen_record:
-        raise InvalidInput(
-            f"{path}: not one line could be read as a {fmt.upper()} record ({counts.rejected} rejected); "
-            "is this the right file?"
-        )
     return counts
 
 
@@ -136,8 +133,13 @@ def _read_chunks(
     progress: Callable[[int], None] | None,
     counts: LoadCounts,
     writer: _ChunkWriter,
-) -> bool:
-    """Read, parse and validate ``path`` into chunks handed to ``writer``; returns whether any line was a record."""
+) -> None:
+    """Read, parse and validate ``path`` into chunks handed to ``writer``.
+
+    A file whose first chunk holds no record (not one line was JSON or a CSV row) is refused before that
+    chunk is handed over: a wrong file (``/etc/passwd`` behind a symlink named .jsonl) stores nothing, not
+    its first lines as rejects. Waiting for the end of the file instead would hold all of it in memory.
+    """
     copy = writer.copies
     seen_record = False
     with path.open("rb") as handle:
@@ -168,9 +170,21 @@ def _read_chunks(
                 if lines_in_chunk >= batch_size or held_chars >= LOAD_CHUNK_BYTES:
                     break
             else:
+                if not seen_record and chunk.rejects:
+                    raise _not_a_records_file(path, fmt, len(chunk.rejects), whole_file=True)
                 writer.write(chunk)  # the last one
-                return seen_record
+                return
+            if not seen_record:
+                raise _not_a_records_file(path, fmt, len(chunk.rejects), whole_file=False)
             writer.write(chunk)
+
+
+def _not_a_records_file(path: Path, fmt: str, unreadable: int, whole_file: bool) -> InvalidInput:
+    if whole_file:
+        which = f"not one line could be read as a {fmt.upper()} record ({unreadable} unreadable)"
+    else:
+        which = f"none of its first {unreadable} lines could be read as a {fmt.upper()} record"
+    return InvalidInput(f"{path}: {which}; is this the right file? Nothing was stored.")
 
 
 def _flush(engine: sa.Engine, chunk: _Chunk, file_label: str, counts: LoadCounts) -> None:

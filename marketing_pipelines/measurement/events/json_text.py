@@ -31,4 +31,4 @@ def loads_strict(text: str) -> tuple[Any, bool]:
             return orjson.loads(text), True
         except orjson.JSONDecodeError:
             pass
-    return loads_json(text), False
+    return loads_json(text, max_depth=None), False  # as deep as orjson reads; past json's depth, RecursionError

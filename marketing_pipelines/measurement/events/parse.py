@@ -66,7 +66,8 @@ def jsonl_records(lines: Iterator[PhysicalLine]) -> Iterator[Line]:
         if not shown.strip():
             continue
         try:
-            record = loads_json(shown)
+            # Events nest as deep as the parsers read (orjson, above, reads 1024 levels): RecursionError below.
+            record = loads_json(shown, max_depth=None)
         except json.JSONDecodeError as exc:
             yield Line(number, shown, None, f"not valid JSON: {exc.msg} at column {exc.colno}")
             continue

@@ -7,6 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 import httpx
 
 from marketing_pipelines.http import ServiceError
+from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 
 class ImporterNotConfigured(Exception):
@@ -34,6 +35,8 @@ class Importer(Protocol):
 def response_json(service: str, response: httpx.Response) -> Any:
     """The response body as JSON, or a ServiceError saying it was not valid JSON (never a bare JSONDecodeError)."""
     try:
+        # Depth first: response.json() recurses per level and raises RecursionError on "[" * 10**5.
+        check_text_depth(response.text, MAX_ENVELOPE_DEPTH)
         return response.json()
     except ValueError as exc:
         # A body cut off mid-transfer, or an HTML error page from a proxy, lands here.

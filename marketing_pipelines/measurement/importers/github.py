@@ -21,6 +21,7 @@ from marketing_pipelines.http import (
     send_with_retries,
 )
 from marketing_pipelines.measurement.importers.base import response_json
+from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 SERVICE = "github"
 TOKEN_ENV = "GITHUB_TOKEN"
@@ -267,6 +268,7 @@ def _within_api(url: httpx.URL, base_url: httpx.URL) -> bool:
 def _error_message(response: httpx.Response) -> str:
     """GitHub's ``message`` field, or the start of the body when it is not the usual JSON error."""
     try:
+        check_text_depth(response.text, MAX_ENVELOPE_DEPTH)  # response.json() would recurse past the stack
         payload = response.json()
     except ValueError:
         return response.text[:300]

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from marketing_pipelines.http import HttpRetry, RateLimited, ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.measurement.importers.base import ImporterNotConfigured, response_json
+from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 SERVICE = "plausible"
 API_KEY_ENV = "PLAUSIBLE_API_KEY"
@@ -145,6 +146,7 @@ class PlausibleClient(dg.ConfigurableResource):
 
 def _error_field(response: httpx.Response) -> str:
     try:
+        check_text_depth(response.text, MAX_ENVELOPE_DEPTH)  # response.json() would recurse past the stack
         payload = response.json()
     except ValueError:
         return response.text[:300].strip()
