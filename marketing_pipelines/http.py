@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import logging
 import math
 import random
 import time
@@ -19,6 +20,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
+
+from marketing_pipelines.redact import error_text, redact_text, redact_url
+
+
+class _RedactedRecords(logging.Filter):
+    """httpx logs every request at INFO with its whole URL (``HTTP Request: POST https://hooks.slack.com/
+    services/T0/B0/<token> ...``); a deployment that raises the log level would show the token."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact_text(record.getMessage()), None
+        return True
+
+
+# On the "httpx" logger itself, which every httpx client (sync or async) logs its requests to. Installed when
+# this module is first imported: the code location's definitions import it (the providers, the importers).
+logging.getLogger("httpx").addFilter(_RedactedRecords())
 
 # 529 is Anthropic's "overloaded".
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 529})
@@ -160,7 +177,9 @@ def send_with_retries(
 
     Returns the first non-retryable response (the caller decides what a 4xx means) or raises
     ServiceError / RateLimited once the attempts are spent. A wait longer than ``policy.max_wait_s``
-    is never slept: RateLimited is raised at once.
+    is never slept: RateLimited is raised at once. A request the HTTP stack cannot even write (a
+    header value with a newline) is not retried. Every message is redacted (``redact.error_text``):
+    the stack's errors quote URLs and, for a refused header, its value, often an API key.
     """
     last_problem = "no attempt made"
     last_hint: float | None = None
@@ -168,15 +187,18 @@ def send_with_retries(
     for attempt in range(1, policy.max_attempts + 1):
         try:
             response = client.send(request)
+        except httpx.LocalProtocolError as exc:
+            # Raised before anything is sent, the same way on every attempt: not transient.
+            raise ServiceError(service, f"the request could not be sent ({error_text(exc)})") from None
         except httpx.TransportError as exc:
-            last_problem = f"{type(exc).__name__}: {exc}"
+            last_problem = error_text(exc)
             hint = None
             rate_limited = False
         else:
             if not is_retryable(response, policy):
                 return response
             response.read()
-            last_problem = f"HTTP {response.status_code}: {response.text[:200].strip()}"
+            last_problem = redact_text(f"HTTP {response.status_code}: {response.text[:200].strip()}")
             rate_limited = policy.rate_limited(response)
             hint = server_wait_hint(response)
             if hint is None and rate_limited and policy.min_rate_limit_wait_s > 0:
@@ -197,13 +219,17 @@ def send_with_retries(
 
 
 def describe_error_response(service: str, response: httpx.Response, credential_hint: str = "") -> ServiceError:
-    """One clear line for a non-retryable error response."""
-    body = response.text[:300].strip().replace("\n", " ")
+    """One clear line for a non-retryable error response; the service's words and its URL redacted."""
+    body = redact_text(response.text[:300].strip().replace("\n", " "))
     if response.status_code in (401, 403):
+        # The service's words first: "check OPENAI_API_KEY: <words>" would read as a key and its value.
+        said = f": {body}" if body else ""
         fix = f"; check {credential_hint}" if credential_hint else ""
         return ServiceError(
-            service, f"credentials rejected (HTTP {response.status_code}){fix}: {body}", response.status_code
+            service, f"credentials rejected (HTTP {response.status_code}){said}{fix}", response.status_code
         )
     return ServiceError(
-        service, f"HTTP {response.status_code} from {response.request.url}: {body}", response.status_code
+        service,
+        f"HTTP {response.status_code} from {redact_url(str(response.request.url))}: {body}",
+        response.status_code,
     )

@@ -1,65 +1,253 @@
 """Secrets and control characters out of anything shown.
 
-A webhook URL is the user's, and users put tokens in it (``https://user:pw@host/x?token=...``).
-Wherever a URL is shown (``last_error``, run logs, the CLI), only scheme, host, port and path
-remain; the rest is replaced by ``***`` so the reader still sees that something was there. Where
-even the path may be a secret (an alert webhook: Slack's path is its token), ``url_origins`` keeps
-scheme and host only. ``shown_text`` also writes control and bidirectional characters visibly, so
-untrusted text cannot drive a terminal or reorder what a person reads.
+A webhook URL is the user's, and users put tokens anywhere in it: ``https://user:pw@host/x?token=...``,
+and in the path itself (Slack's ``/services/T0/B0/<token>``, Telegram's ``/bot<token>/``, Discord's
+``/webhooks/<id>/<token>``). Wherever a URL is shown (``last_error``, run logs, the CLI), only scheme,
+host and port remain, with ``/***`` appended when anything followed, so the reader still sees that
+something was there (``redact_url``); ``url_origin`` (alerts) drops even that.
+
+Free text (an error, a receiver's answer, a model's output) is searched for URLs whatever they hold: a
+URL ends only at white space, so a quote or a parenthesis inside one cannot end it early and leave its
+query shown (``redact_urls``). ``redact_text`` also hides credential echoes: ``Bearer ...``, a bytes
+literal (httpx's "Illegal header value b'...'" quotes a header, i.e. an API key) and ``name: value`` /
+``name=value`` for secret-like names. ``redact_value`` does the same inside JSON-like values, where a
+secret-like key's value and every header value become ``***``. ``shown_text`` also writes control and
+bidirectional characters visibly, so untrusted text cannot drive a terminal or reorder what a person reads.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
 
-# A URL inside free text (an error message): scheme, then anything up to white space or a quote.
-_URL_IN_TEXT = re.compile(r"""\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'"<>]+""")
-
+# A URL inside free text: a scheme, "://", then everything up to white space. Quotes, brackets and
+# backslashes are valid in (or next to) a query, and ending the match at one would show what follows;
+# as everything after the host is hidden anyway, matching too far costs nothing but hidden text.
+_URL_IN_TEXT = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://\S*")
+# Most likely the sentence's, not the URL's: left after the redacted URL.
+_TRAILING_PUNCTUATION = ".,;:)]}>'\""
+# What a host name or an IP literal is made of; a host is cut at the first other character (text
+# matched beyond a URL's end, e.g. ``https://host'token``).
+_HOST_CHARACTERS = re.compile(r"[a-z0-9._~-]*")
+_IP6_CHARACTERS = re.compile(r"[0-9a-f:.]+(?:%[a-z0-9._~-]+)?")
 
 # C0 and C1 controls except tab and newline, and the bidirectional overrides that make a terminal
 # or a page show text in another order than it is stored ("Trojan source").
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
+HIDDEN = "***"
+# A secret-like name, in a JSON key or in ``name: value`` text. "tokens" (plural) is a count
+# (``max_tokens``, ``input_tokens``), not a credential; "key" counts as a word of the name only,
+# so ``X-Api-Key`` and ``secret_key`` are hidden and ``keywords`` or ``monkey`` are not.
+_SECRET_WORDS = r"token(?!s(?:\b|_))|secret|passw(?:or)?d|authori[sz]ation|signature|cookie|credential|api_?key"
+_SECRET_NAME = re.compile(rf"(?:{_SECRET_WORDS})", re.IGNORECASE)
+_NAME_WORDS = re.compile(r"[a-z0-9]+")
+_CAMEL_BOUNDARY = re.compile(r"([a-z0-9])([A-Z])")
+# In free text: a name (a header such as X-Api-Key, a parameter such as password), an optional closing
+# quote, then ``:`` or ``=``. Only the name is matched here, never its value, so a name that is not a
+# secret's does not swallow a secret assignment after it; each match starts at a name's first character
+# and is at most 80 long, so the scan stays linear however the text repeats.
+_NAME_BEFORE_VALUE = re.compile(r"""(?<![\w-])([\w-]{1,80})(['"]?\s*[:=]\s*['"]?)""")
+# In text, "key" alone is too common a word ("Key: ..."), so only the names of API and access keys count.
+_KEY_NAME_IN_TEXT = re.compile(r"(?i)(?:^|[-_])(?:api|access|secret|private|client|signing)[-_]?key$")
+# A value: up to white space, a quote or a separator; an authorization scheme before it goes with it.
+_VALUE = re.compile(r"""(?i)(?:(?:bearer|basic|token)\s+)?[^\s'",;&})\]]+""")
+_BEARER = re.compile(r"(?i)\b(bearer)\s+[^\s'\",;]{4,}")
+# A Python bytes literal, as an HTTP library quotes a header it refused; to the end of the text when
+# cut before its closing quote.
+_BYTES_LITERAL = re.compile(r"""(?<![\w'"])b(['"])(?:(?!\1)[^\\]|\\.)*(?:\1|\\?$)""", re.DOTALL)
+# How deep ``redact_value`` looks; anything deeper is hidden whole.
+MAX_DEPTH = 32
 
-def _host_port(parts: SplitResult) -> str:
-    """``host:port`` of a split URL, an IPv6 literal in brackets; raises ValueError on a bad port."""
+
+def _host_port(parts: SplitResult) -> tuple[str, bool]:
+    """``host:port`` of a split URL (an IPv6 literal in brackets) and whether the host had to be cut.
+
+    Raises ValueError on a bad port.
+    """
     host, port = parts.hostname or "", parts.port
     if ":" in host:  # an IPv6 literal keeps its brackets
-        host = f"[{host}]"
-    return host if port is None else f"{host}:{port}"
+        literal = _IP6_CHARACTERS.match(host)
+        kept = literal.group(0) if literal else ""
+        cut, host = kept != host, f"[{kept}]"
+    else:
+        name = _HOST_CHARACTERS.match(host)
+        kept = name.group(0) if name else ""
+        cut, host = kept != host, kept
+    return (host if port is None else f"{host}:{port}"), cut
 
 
 def redact_url(url: str) -> str:
-    """``https://user:pw@host:8443/path?token=x#frag`` -> ``https://***@host:8443/path?***``."""
+    """``https://user:pw@host:8443/path?token=x#frag`` -> ``https://host:8443/***``; ``https://host`` as it is.
+
+    A path, query, fragment or user info may each hold a secret (a Slack webhook's path is its token):
+    none is shown, ``/***`` says that something was there.
+    """
     try:
         parts = urlsplit(url)
-        host_port = _host_port(parts)
+        host_port, cut = _host_port(parts)
     except ValueError:
         return "<unparseable URL>"
-    netloc = ("***@" if parts.username is not None or parts.password is not None else "") + host_port
-    query = "***" if parts.query else ""
-    fragment = "***" if parts.fragment else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
+    hidden = (
+        cut
+        or parts.username is not None
+        or parts.password is not None
+        or parts.path not in ("", "/")
+        or bool(parts.query)
+        or bool(parts.fragment)
+    )
+    origin = urlunsplit((parts.scheme, host_port, "", "", ""))
+    return f"{origin}/{HIDDEN}" if hidden else origin
+
+
+def _each_url(text: str, shown: Callable[[str], str]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        url = match.group(0)
+        kept = url.rstrip(_TRAILING_PUNCTUATION)
+        return shown(kept) + url[len(kept) :]
+
+    return _URL_IN_TEXT.sub(replace, text)
 
 
 def redact_urls(text: str) -> str:
-    """Every URL inside ``text`` redacted as by ``redact_url``."""
-    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    """Every URL inside ``text`` redacted as by ``redact_url``; a URL ends only at white space."""
+    return _each_url(text, redact_url)
 
 
 def url_origin(url: str) -> str:
     """``https://u:p@hooks.slack.com/services/T0/B0/secret?x`` -> ``https://hooks.slack.com``."""
     try:
         parts = urlsplit(url)
-        return urlunsplit((parts.scheme, _host_port(parts), "", "", ""))
+        return urlunsplit((parts.scheme, _host_port(parts)[0], "", "", ""))
     except ValueError:
         return "<unparseable URL>"
 
 
 def url_origins(text: str) -> str:
     """Every URL inside ``text`` cut to its scheme and host, as by ``url_origin``."""
-    return _URL_IN_TEXT.sub(lambda m: url_origin(m.group(0)), text)
+    return _each_url(text, url_origin)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with its URLs redacted and credential echoes hidden: ``Bearer ***``, ``b'***'``, ``X-Api-Key: ***``."""
+    text = redact_urls(text)
+    text = _BYTES_LITERAL.sub(lambda m: f"b{m.group(1)}{HIDDEN}{m.group(1)}", text)
+    return _BEARER.sub(lambda m: f"{m.group(1)} {HIDDEN}", _hide_assignments(text))
+
+
+def _hide_assignments(text: str) -> str:
+    """``X-Api-Key: v``, ``password=v``, ``"api_key": "v"`` -> the same with ``***`` for ``v``."""
+    kept: list[str] = []
+    shown_up_to = 0
+    for name in _NAME_BEFORE_VALUE.finditer(text):
+        if name.start() < shown_up_to or not (
+            _SECRET_NAME.search(name.group(1)) or _KEY_NAME_IN_TEXT.search(name.group(1))
+        ):
+            continue
+        value = _VALUE.match(text, name.end())
+        if value is not None:
+            kept += [text[shown_up_to : name.end()], HIDDEN]
+            shown_up_to = value.end()
+    return "".join(kept) + text[shown_up_to:]
+
+
+def error_text(exc: BaseException) -> str:
+    """``"ExceptionType: message"`` with the message redacted as by ``redact_text``.
+
+    For errors of the HTTP stack, whose messages quote URLs and, when a request cannot be built, the
+    header value it refused (an API key): stored and logged only like this.
+    """
+    return redact_text(f"{type(exc).__name__}: {exc}")
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether a key or header named ``name`` holds a secret (token, secret, password, API key...)."""
+    if _SECRET_NAME.search(name):
+        return True
+    return "key" in _NAME_WORDS.findall(_CAMEL_BOUNDARY.sub(r"\1_\2", name).lower())
+
+
+def redact_value(value: Any, _depth: int = 0) -> Any:
+    """``value`` (JSON-like) as it may be shown: a secret-like key's value and every header value ``***``,
+    every string (and key) through ``redact_text``; deeper than ``MAX_DEPTH``, hidden whole.
+
+    ``headers`` may name a secret in any header (``X-Custom: <token>``), so none of its values shows.
+    """
+    if _depth > MAX_DEPTH:
+        return HIDDEN
+    if isinstance(value, Mapping):
+        shown: dict[Any, Any] = {}
+        for key, item in value.items():
+            name = str(key)
+            shown_key = redact_text(key) if isinstance(key, str) else key
+            if is_secret_name(name):
+                shown[shown_key] = HIDDEN
+            elif name.lower() == "headers":
+                shown[shown_key] = (
+                    {redact_text(str(header)): HIDDEN for header in item} if isinstance(item, Mapping) else HIDDEN
+                )
+            else:
+                shown[shown_key] = redact_value(item, _depth + 1)
+        return shown
+    if isinstance(value, list | tuple):
+        return [redact_value(item, _depth + 1) for item in value]
+    if isinstance(value, str):
+        return redact_text(value)
+    return value
+
+
+# A known secret shorter than this is not hidden in free text: "T0" or "hook" would hide every word holding it.
+MIN_HIDDEN_CHARS = 6
+
+
+def secret_parts(value: Any, _depth: int = 0) -> set[str]:
+    """The pieces of ``value`` (JSON-like, e.g. a webhook payload) that ``redact_value`` hides.
+
+    A URL's user info, path, each token-like path segment (with a digit, or long), query, each query
+    value and fragment; header values and secret-like keys' values. A receiver that quotes its request
+    in an error ("no hook /services/T0/B0/<token>", "bad key <value>") quotes them without a URL
+    around them, which ``redact_text`` cannot spot.
+    """
+    parts: set[str] = set()
+    if _depth > MAX_DEPTH:
+        return parts
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            name = str(key)
+            if is_secret_name(name) and isinstance(item, str):
+                parts.add(item)
+            elif name.lower() == "headers" and isinstance(item, Mapping):
+                parts.update(str(header_value) for header_value in item.values())
+            else:
+                parts |= secret_parts(item, _depth + 1)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            parts |= secret_parts(item, _depth + 1)
+    elif isinstance(value, str):
+        for match in _URL_IN_TEXT.finditer(value):
+            parts |= _url_parts(match.group(0).rstrip(_TRAILING_PUNCTUATION))
+    return {part for part in parts if len(part) >= MIN_HIDDEN_CHARS}
+
+
+def _url_parts(url: str) -> set[str]:
+    try:
+        split = urlsplit(url)
+    except ValueError:
+        return {url}
+    user_info = split.netloc.rpartition("@")[0]
+    segments = [s for s in split.path.split("/") if len(s) >= 16 or any(c.isdigit() for c in s)]
+    parts = {user_info, *user_info.split(":"), split.path, *segments, split.query, split.fragment}
+    parts.update(value for pair in split.query.split("&") for value in pair.split("=", 1)[1:])
+    return parts
+
+
+def hide_values(text: str, values: set[str]) -> str:
+    """``text`` with every occurrence of each of ``values`` replaced by ``***``, longest first."""
+    for value in sorted(values, key=len, reverse=True):
+        text = text.replace(value, HIDDEN)
+    return text
 
 
 def _escape_control(match: re.Match[str]) -> str:
@@ -68,5 +256,23 @@ def _escape_control(match: re.Match[str]) -> str:
 
 
 def shown_text(text: str) -> str:
-    """``text`` as it may be shown: URLs redacted, each control character written as ``\\xNN`` / ``\\uNNNN``."""
-    return CONTROL_CHARACTERS.sub(_escape_control, redact_urls(text))
+    """``text`` as it may be shown: redacted (``redact_text``), control characters written ``\\xNN`` / ``\\uNNNN``."""
+    return visible_controls(redact_text(text))
+
+
+def visible_controls(text: str) -> str:
+    """``text`` with each control and bidirectional character written as ``\\xNN`` / ``\\uNNNN``, URLs as they are."""
+    return CONTROL_CHARACTERS.sub(_escape_control, text)
+
+
+# OWASP's CSV-injection list: a spreadsheet evaluates a cell starting with these as a formula (tab and CR
+# because some spreadsheets strip them and evaluate what follows).
+_FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(text: str) -> str:
+    """``text`` as a CSV cell a spreadsheet will not evaluate: ``'`` before a formula prefix, controls visible.
+
+    Only for text values: a writer keeps an int or float (``-3``) as it is, so numbers stay numbers.
+    """
+    return visible_controls("'" + text if text.startswith(_FORMULA_PREFIXES) else text)

@@ -243,7 +243,9 @@ def test_executions_show_prints_each_attempt_with_its_run_and_the_last_error(rea
     assert shown.exit_code == 0, shown.output
     lines = shown.output.splitlines()
     assert any(line.split() == ["status:", "FAILED"] for line in lines)
-    assert any(line.strip().startswith("last_error: webhook http://127.0.0.1:9/hook unreachable") for line in lines)
+    # The URL's scheme and host only: a path may be the secret (a Slack webhook's is).
+    assert any(line.strip().startswith("last_error: webhook http://127.0.0.1:9") for line in lines)
+    assert "/hook" not in shown.output
     assert "marketing/execution_id" not in shown.output  # no run tag per execution any more
     attempt_lines = [line.split() for line in lines if line.split()[:1] in (["1"], ["2"])]
     assert [(cells[0], cells[1], cells[4]) for cells in attempt_lines] == [

@@ -216,12 +216,9 @@ def _ui_environment(
 
     monkeypatch.setattr(os, "execve", execve)
     monkeypatch.chdir(tmp_path)
-    if allow is None:
-        monkeypatch.delenv(ALLOW_SETTING, raising=False)
-    else:
-        monkeypatch.setenv(ALLOW_SETTING, allow)
-    monkeypatch.setenv("MARKETING_DATABASE_URL", f"sqlite:///{tmp_path / 'ui.db'}")
-    result = CliRunner().invoke(main, ["ui", "--port", "3000"])
+    # The CLI's environment for this invocation only ("" is unset: env_ignore_empty).
+    cli_env = {ALLOW_SETTING: allow or "", "MARKETING_DATABASE_URL": f"sqlite:///{tmp_path / 'ui.db'}"}
+    result = CliRunner().invoke(main, ["ui", "--port", "3000"], env=cli_env)
     assert result.exit_code == 0, result.output
     [(argv, env)] = started
     return argv, env

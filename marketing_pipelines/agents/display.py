@@ -1,8 +1,11 @@
 """What an agent run shows outside the database: its output and transcript as Markdown, and text for terminals.
 
 Model output, tool arguments and errors are untrusted (a prompt-injected model writes whatever it
-was told to). Everything shown here passes through ``redact.shown_text`` (URLs redacted, control
-characters written visibly); Markdown puts untrusted text only inside fenced code blocks (see ``code_block``).
+was told to), and may hold the requester's secrets (a webhook URL with its token, a header value).
+Everything shown here passes through ``redact.redact_value`` (structures: header and secret-like
+values hidden) and ``redact.shown_text`` (URLs cut to their host, credential echoes hidden, control
+characters written visibly); Markdown puts untrusted text only inside fenced code blocks (see
+``code_block``). The stored transcript stays as it was: the engine and an audit read it whole.
 Dagster-free, so the command line can use it without importing Dagster.
 """
 
@@ -13,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from marketing_pipelines.redact import shown_text
+from marketing_pipelines.redact import redact_value, shown_text
 
 OUTPUT_CHARS = 8_000
 LINE_CHARS = 240
@@ -28,6 +31,7 @@ def _cut(text: str, limit: int) -> str:
 
 
 def _one_line(value: Any) -> str:
+    value = redact_value(value)
     text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
     return _cut(_WHITESPACE.sub(" ", shown_text(text)).strip(), LINE_CHARS)
 

@@ -19,7 +19,7 @@ from marketing_pipelines.db.lease import LeaseKeeper, finish, retry_or_fail
 from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.http import RateLimited, ServiceError
-from marketing_pipelines.redact import shown_text
+from marketing_pipelines.redact import redact_text, shown_text
 
 OP_NAME = "run_agent"
 POOL = "agent_runs"
@@ -91,7 +91,8 @@ def run_agent(
 
     def fail(reason: str) -> dg.Failure:
         with engine.begin() as conn:
-            recorded = finish(conn, AGENT_RUNS, agent_run_id, owner, "FAILED", {"error": reason})
+            # Redacted when stored, as an execution's last_error is: alerts and a database dump read it too.
+            recorded = finish(conn, AGENT_RUNS, agent_run_id, owner, "FAILED", {"error": redact_text(reason)})
         suffix = "" if recorded else " (not recorded: lease lost)"
         return dg.Failure(
             description=shown_text(f"Agent run {agent_run_id} FAILED: {reason}{suffix}"),
@@ -138,7 +139,8 @@ def run_agent(
                 transcript=steps,
                 limits=limits,
                 acquire_model_token=acquire_token,
-                log=context.log.info,
+                # What the loop logs quotes the model's tool calls and refusals, which may hold secrets.
+                log=lambda message: context.log.info(shown_text(message)),
             )
         except LeaseLost as exc:
             return lease_lost(context, engine, agent_run_id, attempt, str(exc))
@@ -146,13 +148,14 @@ def run_agent(
             raise fail(str(exc)) from None
         except (token_bucket.ModelRateLimited, RateLimited) as exc:
             wait = exc.retry_after_s
-            context.log.info(f"Agent run {agent_run_id}: {exc}; retrying this step in {wait:.0f}s.")
+            context.log.info(shown_text(f"Agent run {agent_run_id}: {exc}; retrying this step in {wait:.0f}s."))
             # The row stays RUNNING under this run; the retried step takes it over again.
             raise dg.RetryRequested(max_retries=RATE_LIMIT_RETRIES, seconds_to_wait=wait) from exc
         except ServiceError as exc:
-            steps.add("error", row["model_provider"], {"error": str(exc)})
+            error = redact_text(str(exc))
+            steps.add("error", row["model_provider"], {"error": error})
             with engine.begin() as conn:
-                status = retry_or_fail(conn, AGENT_RUNS, agent_run_id, owner, str(exc), retry_delay_s=0)
+                status = retry_or_fail(conn, AGENT_RUNS, agent_run_id, owner, error, retry_delay_s=0)
             now = status or "not recorded: lease lost"
             raise dg.Failure(
                 description=shown_text(f"Agent run {agent_run_id} attempt {attempt} failed ({exc}); now {now}."),

@@ -18,6 +18,7 @@ from marketing_pipelines.cli.common import (
     settings,
 )
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.redact import redact_value, shown_text
 from marketing_pipelines.settings import MODEL_PROVIDERS
 
 # --- users ------------------------------------------------------------------------------------
@@ -194,7 +195,8 @@ def agents_list(status: str | None, user_id: str | None, as_json: bool) -> None:
     from marketing_pipelines.agents.queue import list_agent_runs
 
     with ready_conn() as conn:
-        rows = [dict(r) for r in list_agent_runs(conn, status.upper() if status else None, user_id)]
+        # Redacted as a whole: --json prints every column, the requester's input and the model's output too.
+        rows = [redact_value(dict(r)) for r in list_agent_runs(conn, status.upper() if status else None, user_id)]
     columns = ["id", "agent", "campaign_id", "requested_by", "status", "attempts", "requested_at", "error"]
     emit_rows(rows, columns, as_json)
 
@@ -205,16 +207,18 @@ def agents_list(status: str | None, user_id: str | None, as_json: bool) -> None:
 def agents_show(agent_run_id: int, as_json: bool) -> None:
     """Show an agent run: status, output and its transcript (model turns, tool calls, denials).
 
+    Inputs, tool arguments and output are shown redacted (URLs cut to their host, header and secret-like
+    values ``***``); the stored record keeps them whole, as the run used them.
+
     \b
     Example:
       marketing-pipelines agents show 12
     """
     from marketing_pipelines.agents.queue import require_agent_run, transcript
-    from marketing_pipelines.redact import shown_text
 
     with ready_conn() as conn:
-        run = dict(require_agent_run(conn, agent_run_id))
-        steps = [dict(s) for s in transcript(conn, agent_run_id)]
+        run = redact_value(dict(require_agent_run(conn, agent_run_id)))
+        steps = [redact_value(dict(s)) for s in transcript(conn, agent_run_id)]
     if as_json:
         click.echo(json.dumps({"run": run, "transcript": steps}, default=str, indent=2))
         return

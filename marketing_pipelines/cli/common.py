@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from marketing_pipelines.db.engine import DatabaseUnavailable, get_engine
 from marketing_pipelines.db.schema_version import SchemaNotReady, ensure_schema_current
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.redact import visible_controls
 from marketing_pipelines.settings import Settings, SettingsError, load_settings
 
 KNOWN_ERRORS: tuple[type[Exception], ...] = (
@@ -33,10 +34,10 @@ class FriendlyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except KNOWN_ERRORS as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(visible_controls(str(exc))) from None
         except Exception as exc:
-            if is_service_error(exc):
-                raise click.ClickException(str(exc)) from None
+            if is_service_error(exc):  # its message may quote a receiver's answer
+                raise click.ClickException(visible_controls(str(exc))) from None
             raise
 
 
@@ -101,12 +102,16 @@ def emit_rows(rows: list[dict[str, Any]], columns: list[str], as_json: bool) -> 
 
 
 def cell_text(value: Any) -> str:
-    """One table cell: ``-`` for NULL, ISO times to the second, JSON for the rest, cut at 60 characters."""
+    """One table cell: ``-`` for NULL, ISO times to the second, JSON for the rest, cut at 60 characters.
+
+    Text from the database is anyone's (a campaign name, a receiver's answer, a model's output): its control
+    and bidi characters are written visibly, before the cut, so ESC, OSC 52 or U+202E cannot drive the terminal.
+    """
     if value is None:
         return "-"
     if hasattr(value, "isoformat"):
         return value.isoformat(timespec="seconds")
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = visible_controls(value if isinstance(value, str) else json.dumps(value, default=str))
     return text if len(text) <= 60 else text[:57] + "..."
 
 

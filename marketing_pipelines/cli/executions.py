@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import click
 
@@ -17,7 +17,15 @@ from marketing_pipelines.cli.common import (
     settings,
 )
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.redact import redact_url, redact_urls
+from marketing_pipelines.redact import (
+    HIDDEN,
+    hide_values,
+    redact_text,
+    redact_url,
+    redact_value,
+    secret_parts,
+    shown_text,
+)
 from marketing_pipelines.settings import dagster_ui_base, env_name
 
 
@@ -106,7 +114,7 @@ def schedule_file(rows_file: BinaryIO) -> None:
             conn, lines, default_max_attempts=settings().execution_max_attempts, egress=webhook_policy(settings())
         )
     for error in outcome.errors:
-        click.echo(f"line {error.number}: {error.reason}", err=True)
+        click.echo(f"line {error.number}: {shown_text(error.reason)}", err=True)
     click.echo(
         f"scheduled {len(outcome.new)} new, {len(outcome.existing)} already scheduled by dedupe key, "
         f"{len(outcome.errors)} rejected"
@@ -135,8 +143,10 @@ def executions_list(status: str | None, campaign_id: str | None, limit: int, as_
 
     with ready_conn() as conn:
         rows = [dict(r) for r in list_executions(conn, status.upper() if status else None, campaign_id, limit)]
-    for row in rows:  # errors are redacted when written; rows from older versions may not be
-        row["last_error"] = redact_urls(row["last_error"]) if row["last_error"] else None
+    for row in rows:  # --json prints every column
+        row["last_error"] = shown_error(row["last_error"], row["payload"])
+        row["dedupe_key"] = redact_text(row["dedupe_key"]) if row["dedupe_key"] else None
+        row["payload"] = shown_payload(row["payload"], with_body=False)
     columns = ["id", "campaign_id", "stage", "action", "due_at", "status", "attempts", "max_attempts", "last_error"]
     emit_rows(rows, columns, as_json)
 
@@ -225,14 +235,30 @@ def executions_retry(
         click.echo(f"{retried.over_cap} matching execution(s) left as they were: they have made too many attempts")
 
 
+def shown_payload(payload: Any, with_body: bool) -> Any:
+    """An execution's payload as shown: URLs cut to their host, header values and secret-like values ``***``,
+    and its ``body`` (what a webhook sends) ``***`` too unless asked for."""
+    shown = redact_value(payload)
+    if isinstance(shown, dict) and "body" in shown and not with_body:
+        shown["body"] = HIDDEN
+    return shown
+
+
+def shown_error(error: str | None, payload: Any) -> str | None:
+    """An error as shown. Errors are redacted when written; rows written by older versions may not be."""
+    return hide_values(redact_text(error), secret_parts(payload)) if error else None
+
+
 @executions.command("show")
 @click.argument("execution_id", type=ROW_ID)
+@click.option("--body", "with_body", is_flag=True, help="Also show the payload's body (redacted: URLs, secrets).")
 @json_option
-def executions_show(execution_id: int, as_json: bool) -> None:
-    """Show an execution: status, last error, and each attempt with the Dagster run that performed it.
+def executions_show(execution_id: int, with_body: bool, as_json: bool) -> None:
+    """Show an execution: status, payload, last error, and each attempt with the Dagster run that performed it.
 
     With MARKETING_DAGSTER_UI_URL set (the `ui` command prints it), each attempt's run is a link; runs
-    carry no tag per execution, so this attempt history is how an execution's runs are found.
+    carry no tag per execution, so this attempt history is how an execution's runs are found. A payload
+    shows a URL's scheme and host only and header names without values; its body shows with --body.
 
     \b
     Example:
@@ -247,25 +273,21 @@ def executions_show(execution_id: int, as_json: bool) -> None:
         execution = dict(row)
         attempts = [dict(a) for a in list_attempts(conn, execution_id)]
     payload = execution["payload"]
-    if execution["action"] == "webhook" and isinstance(payload, dict):
-        # The URL and headers are the user's and may carry tokens: shown redacted.
-        execution["payload"] = {
-            **payload,
-            "url": redact_url(str(payload.get("url", ""))),
-            **({"headers": dict.fromkeys(payload["headers"], "***")} if payload.get("headers") else {}),
-        }
-    if execution["last_error"]:
-        execution["last_error"] = redact_urls(execution["last_error"])
+    # The URL, headers and body are the user's and may carry tokens: shown redacted.
+    execution["payload"] = shown_payload(payload, with_body)
+    execution["last_error"] = shown_error(execution["last_error"], payload)
+    execution["dedupe_key"] = redact_text(execution["dedupe_key"]) if execution["dedupe_key"] else None
     runs_url = dagster_runs_url(settings().dagster_ui_url)
     for attempt in attempts:
-        attempt["error"] = redact_urls(attempt["error"]) if attempt["error"] else None
+        attempt["error"] = shown_error(attempt["error"], payload)
         attempt["run_url"] = f"{runs_url}/{attempt['run_id']}" if runs_url and attempt["run_id"] else None
     if as_json:
         click.echo(json.dumps({"execution": execution, "attempts": attempts}, default=str, indent=2))
         return
     for key in ("id", "campaign_id", "stage", "action", "status", "due_at", "attempts", "max_attempts", "run_id"):
         click.echo(f"{key:>12}: {cell_text(execution.get(key))}")
-    click.echo(f"{'last_error':>12}: {redact_urls(execution.get('last_error') or '-')}")
+    click.echo(f"{'payload':>12}: {shown_text(json.dumps(execution['payload'], default=str, ensure_ascii=False))}")
+    click.echo(f"{'last_error':>12}: {shown_text(execution.get('last_error') or '-')}")
     click.echo("attempts:")
     emit_rows(attempts, ["attempt", "run_id", "started_at", "finished_at", "outcome", "error"], False)
     for attempt in attempts:  # not a table column: a cell is cut at 60 characters, a link must stay whole

@@ -6,6 +6,7 @@ import click
 
 from marketing_pipelines.cli.common import FriendlyGroup, emit_rows, engine, json_option, ready_conn, settings
 from marketing_pipelines.db.schema_version import ensure_schema_current
+from marketing_pipelines.redact import visible_controls
 
 
 @click.group(cls=FriendlyGroup)
@@ -62,7 +63,7 @@ def events_load(file: str, source: str) -> None:
         by_count = sorted(counts.reasons.items(), key=lambda item: (-len(item[1]), item[1][0]))
         for reason, lines in by_count[:REASONS_SHOWN]:
             first = ", ".join(str(n) for n in lines[:3]) + (", ..." if len(lines) > 3 else "")
-            click.echo(f"  {len(lines):>6} x {reason} (line {first})", err=True)
+            click.echo(f"  {len(lines):>6} x {visible_controls(reason)} (line {first})", err=True)
         if len(by_count) > REASONS_SHOWN:
             click.echo(f"  ... and {len(by_count) - REASONS_SHOWN} more reason(s)", err=True)
         click.echo(

@@ -19,7 +19,16 @@ from urllib.parse import urlsplit
 
 from marketing_pipelines.egress import EgressPolicy, EgressRefused, parse_networks
 from marketing_pipelines.executions.signing import body_bytes, signature_header
-from marketing_pipelines.redact import CONTROL_CHARACTERS, redact_urls, shown_text, url_origin
+from marketing_pipelines.redact import (
+    CONTROL_CHARACTERS,
+    error_text,
+    hide_values,
+    redact_text,
+    redact_value,
+    secret_parts,
+    shown_text,
+    url_origin,
+)
 from marketing_pipelines.settings import Settings, current_settings
 
 if TYPE_CHECKING:
@@ -106,7 +115,9 @@ class LogAction:
             raise InvalidPayload("log payload field 'message' must be a string")
 
     def run(self, ctx: ActionContext, payload: Mapping[str, Any], webhook: WebhookClient) -> dict[str, Any]:
-        return {"message": f"[{ctx.campaign_id}/{ctx.stage}] {payload.get('message', '')} payload={dict(payload)}"}
+        # The payload is the scheduler's text and goes into the run log: shown redacted, as any payload is.
+        shown = redact_value(dict(payload))
+        return {"message": f"[{ctx.campaign_id}/{ctx.stage}] {payload.get('message', '')} payload={shown}"}
 
 
 class WebhookAction:
@@ -152,6 +163,9 @@ class WebhookAction:
                 raise ActionRefused(f"webhook endpoint {name!r} serves campaign {endpoint.campaign_id!r} only")
             url = endpoint.url
             shown = f"endpoint {name} ({url_origin(url)})"
+            # A receiver that quotes its request ("no hook /services/T0/B0/<token>") quotes the sealed URL's
+            # parts without the URL around them; the run's redaction of errors cannot know them.
+            hidden = secret_parts({"url": url})
             # Signed at send time over the exact bytes sent; a redelivery keeps webhook-id and gets a
             # new timestamp, so a receiver's replay window is measured from this attempt.
             timestamp = int(time.time())
@@ -164,6 +178,7 @@ class WebhookAction:
         else:
             url = payload["url"]
             shown = url_origin(url)
+            hidden = set()
         # Deferred: httpx takes 0.2 s to import, which scheduling (validate) should not pay; a run that
         # gets here holds a WebhookClient, which has imported it already.
         import httpx
@@ -182,10 +197,9 @@ class WebhookAction:
             # is not shown, and no later attempt would build it either.
             raise ActionRefused(f"webhook {shown}: a header name or value is not valid HTTP (not shown)") from None
         except (httpx.TransportError, OSError) as exc:
-            reason = redact_urls(f"{type(exc).__name__}: {exc}")
-            raise ActionFailed(f"webhook {shown} unreachable: {reason}") from None
+            raise ActionFailed(f"webhook {shown} unreachable: {hide_values(error_text(exc), hidden)}") from None
         if response.status_code >= 300:
-            snippet = redact_urls(response.text[:200].replace("\n", " "))
+            snippet = hide_values(redact_text(response.text[:200].replace("\n", " ")), hidden)
             raise ActionFailed(f"webhook {shown} answered HTTP {response.status_code}: {snippet}")
         # Reported in the execution's own log line by the run (one event per execution).
         return {"status_code": response.status_code, "idempotency_key": ctx.idempotency_key}

@@ -38,7 +38,7 @@ from marketing_pipelines.executions.queue import (
 )
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.webhook import WebhookClient
-from marketing_pipelines.redact import redact_urls, shown_text
+from marketing_pipelines.redact import hide_values, redact_text, secret_parts, shown_text
 
 OP_NAME = "perform_executions"
 # A run's outcome table shows at most this many rows; the run log has a line for every execution.
@@ -117,10 +117,12 @@ def _perform_one(
         action_ctx = ActionContext(execution_id, attempt, row["campaign_id"], row["stage"], context.log, endpoints)
         result = action.run(action_ctx, row["payload"], webhook)
     except ActionFailed as exc:
-        error, refused = str(exc), isinstance(exc, ActionRefused)
+        error, refused = _redacted(str(exc), row["payload"]), isinstance(exc, ActionRefused)
     except Exception as exc:  # a bug in one action must cost only its own execution
-        context.log.error(f"{label}: unexpected error\n{redact_urls(''.join(traceback.format_exception(exc)))}")
-        error = redact_urls(f"internal error: {type(exc).__name__}: {exc}")
+        context.log.error(
+            f"{label}: unexpected error\n{_redacted(''.join(traceback.format_exception(exc)), row['payload'])}"
+        )
+        error = _redacted(f"internal error: {type(exc).__name__}: {exc}", row["payload"])
     # Stop renewing first: a renewal racing the outcome's commit would see the row finished and
     # report a lost lease that was not lost. The outcome's own WHERE still fences it.
     lost = keeper.is_lost(execution_id)
@@ -144,7 +146,7 @@ def _perform_one(
         )
         return outcome("LEASE_LOST", state)
     if status == "SUCCEEDED":
-        detail = ", ".join(f"{k}={v}" for k, v in result.items())
+        detail = shown_text(_redacted(", ".join(f"{k}={v}" for k, v in result.items()), row["payload"]))
         context.log.info(f"{label} SUCCEEDED{f': {detail}' if detail else ''}.")
         return outcome("SUCCEEDED", detail)
     if status == "FAILED":
@@ -152,6 +154,12 @@ def _perform_one(
         return outcome("FAILED", error or "")
     context.log.warning(f"{label} failed: {error}; {state}.")
     return outcome("RESCHEDULED", f"{error}; {state}")
+
+
+def _redacted(text: str, payload: Any) -> str:
+    """An action's message as it is stored and logged: redacted, and without any piece of the payload's URL
+    or headers, which a receiver's answer may quote bare ("no hook /services/T0/B0/<token>")."""
+    return hide_values(redact_text(text), secret_parts(payload))
 
 
 def _outcome_table(outcomes: Sequence[ExecutionOutcome]) -> dg.TableMetadataValue:

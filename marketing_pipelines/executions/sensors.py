@@ -22,7 +22,7 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
 from marketing_pipelines.executions.queue import EXECUTIONS, attempt_outcome, end_attempt, end_open_attempts
 from marketing_pipelines.executions.resources import ExecutionSettings
-from marketing_pipelines.redact import redact_urls
+from marketing_pipelines.redact import redact_text
 from marketing_pipelines.settings import current_settings
 
 # Runs carry a small, fixed set of tag keys, the same for one execution or 250: how many executions,
@@ -129,7 +129,7 @@ def reconcile_execution_run(
 ) -> dict[str, int]:
     """Record the outcome of every execution a Dagster run held when it ended without recording one,
     and close each one's attempt; returns how many rows got which new status."""
-    reason = redact_urls(reason)  # a run's failure message may quote a webhook URL
+    reason = redact_text(reason)  # a run's failure message may quote a webhook URL or a credential
 
     def end_its_attempt(conn: sa.Connection, execution_id: int, attempt: int, status: str) -> None:
         end_attempt(conn, execution_id, attempt, attempt_outcome(status), reason)

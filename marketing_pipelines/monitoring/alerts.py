@@ -33,7 +33,7 @@ from marketing_pipelines.db.schema import agent_run, marketing_execution, market
 from marketing_pipelines.egress import EgressRefused
 from marketing_pipelines.executions.signing import body_bytes
 from marketing_pipelines.executions.webhook import WebhookClient
-from marketing_pipelines.redact import CONTROL_CHARACTERS, url_origin, url_origins
+from marketing_pipelines.redact import CONTROL_CHARACTERS, redact_text, url_origin, url_origins
 from marketing_pipelines.settings import Settings, dagster_ui_base, env_name, env_var_if_set, setting_field
 
 ALERT_URL_ENV = env_name("alert_webhook_url")
@@ -48,9 +48,9 @@ _QUALIFIED_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w]*\.)+(?=[A-Za-z_]\w*: )")
 
 
 def neutralise(text: str) -> str:
-    """Untrusted text as one line: every URL cut to scheme and host, control and bidirectional
+    """Untrusted text as one line: every URL cut to scheme and host, credential echoes hidden, control and bidirectional
     characters as spaces (line breaks and the Unicode line separators fold with the other white space)."""
-    return " ".join(CONTROL_CHARACTERS.sub(" ", url_origins(text)).split())
+    return " ".join(CONTROL_CHARACTERS.sub(" ", url_origins(redact_text(text))).split())
 
 
 def mrkdwn(text: str, limit: int = MAX_REASON_CHARS) -> str:

@@ -180,7 +180,7 @@ def test_a_succeeded_run_shows_its_output_and_transcript_neutralised(
         assert all("evil" not in line and "http" not in line for line in _only_code(shown))
         assert "s3cr3t" not in shown and "k=1" not in shown
         assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
-    assert "https://evil.example/win?***" in output and "\\x1b" in output
+    assert "https://evil.example/***" in output and "\\x1b" in output
     assert summary.splitlines()[0] == "Attempt 1: 2 model turn(s), 1 tool call(s), 0 refused."
     assert 'tool call read_campaign {"campaign_id": "spring-launch"} -> ok' in summary
     assert (metadata["steps"], metadata["tool_calls"], metadata["denials"]) == (2, 1, 0)

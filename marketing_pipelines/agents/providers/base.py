@@ -13,10 +13,25 @@ from typing import Any
 
 import dagster as dg
 import httpx
-from pydantic import PrivateAttr
+from pydantic import ConfigDict, PrivateAttr, field_validator
 
 from marketing_pipelines.http import ServiceError, describe_error_response, send_with_retries
-from marketing_pipelines.settings import env_var_if_set
+from marketing_pipelines.redact import redact_text
+from marketing_pipelines.settings import SettingsError, env_var_if_set
+from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
+
+
+def api_key_problem(key: str) -> str | None:
+    """Why ``key`` (already stripped) cannot go into an HTTP header, without quoting it; None when it can.
+
+    httpx refuses a header value with a newline only when it writes the request, and its error quotes
+    the value ("Illegal header value b'Bearer sk-...'"), so a key is checked before any request.
+    """
+    if not key:
+        return "is empty"
+    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+        return "holds white space, a control character or a non-ASCII character inside (the value is not shown)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -48,8 +63,8 @@ class ProviderSpec:
         return self._field_default("base_url")
 
     def missing_key(self, environ: Mapping[str, str]) -> str | None:
-        """The API-key env var this provider needs and ``environ`` lacks, or None."""
-        if self.api_key_env and not environ.get(self.api_key_env):
+        """The API-key env var this provider needs and ``environ`` lacks (or holds only white space), or None."""
+        if self.api_key_env and not environ.get(self.api_key_env, "").strip():
             return self.api_key_env
         return None
 
@@ -58,12 +73,16 @@ class ProviderSpec:
 
         The API key is bound as ``dg.EnvVar`` (its value never enters run config or the UI) and only
         when the variable is set: an unset EnvVar would fail resource initialisation, and with it
-        every run, while a missing key should only fail the runs that use this provider.
+        every run, while a missing key should only fail the runs that use this provider. A key that
+        could never be sent fails loading here, in one line naming the variable; surrounding white
+        space (a trailing newline from a secrets file) is stripped when the resource is built.
         """
         config: dict[str, Any] = {}
-        api_key = env_var_if_set(self.api_key_env, environ) if self.api_key_env else None
-        if api_key is not None:
-            config["api_key"] = api_key
+        if self.api_key_env and self.missing_key(environ) is None:
+            problem = api_key_problem(environ[self.api_key_env].strip())
+            if problem:
+                raise SettingsError(f"{self.api_key_env} {problem}")
+            config["api_key"] = env_var_if_set(self.api_key_env, environ)
         for env_var, field in ((self.model_env, "model"), (self.base_url_env, "base_url")):
             if env_var and environ.get(env_var):
                 config[field] = environ[env_var]
@@ -82,14 +101,29 @@ class HTTPModel(dg.ConfigurableResource):
     the instance it initialised for a run, which closes the client; outside a run, ``close()`` does.
     """
 
+    # A key that fails validation must not be quoted in the error (pydantic quotes the input by default).
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     api_key: str | None = None
     timeout_s: float = 60.0
     max_tokens: int = 1024
 
     _http_client: httpx.Client | None = PrivateAttr(default=None)
 
+    @field_validator("api_key")
+    @classmethod
+    def _api_key(cls, value: str | None) -> str | None:
+        # Runs when the resource is built: at load with the env var's name (an EnvVar), in the run with
+        # its value. A trailing newline is stripped rather than sent ("Illegal header value").
+        if value is None or not value.strip():
+            return None
+        problem = api_key_problem(value.strip())
+        if problem:
+            raise ValueError(f"api_key {problem}")
+        return value.strip()
+
     def is_configured(self) -> bool:
-        return bool(self.api_key and self.api_key.strip())
+        return bool(self.api_key)
 
     def http_client(self) -> httpx.Client:
         """This instance's client, built on first use (again after ``close()``)."""
@@ -107,7 +141,8 @@ class HTTPModel(dg.ConfigurableResource):
 
     def _client(self) -> httpx.Client:
         """Build the client; called once per instance. Tests override it to swap the transport."""
-        return httpx.Client(timeout=self.timeout_s)
+        # trust_env=False: HTTP(S)_PROXY / ALL_PROXY in the environment must not route the API key elsewhere.
+        return httpx.Client(timeout=self.timeout_s, trust_env=False)
 
     def _sleep(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -124,6 +159,7 @@ class HTTPModel(dg.ConfigurableResource):
 def api_error_message(response: httpx.Response) -> str | None:
     # Both APIs answer errors with {"error": {"message": ...}} (Anthropic adds a top-level "type").
     try:
+        check_text_depth(response.text, MAX_ENVELOPE_DEPTH)  # response.json() would recurse past the stack
         payload = response.json()
     except ValueError:
         return None
@@ -153,8 +189,12 @@ def post_json(
         message = api_error_message(response)
         if message is None:
             raise describe_error_response(service, response)
-        raise ServiceError(service, f"API error (HTTP {response.status_code}): {message}", response.status_code)
+        raise ServiceError(
+            service, f"API error (HTTP {response.status_code}): {redact_text(message)}", response.status_code
+        )
     try:
+        # Depth first: response.json() recurses per level and raises RecursionError on "[" * 10**5.
+        check_text_depth(response.text, MAX_ENVELOPE_DEPTH)
         payload = response.json()
     except ValueError as exc:
         raise ServiceError(service, f"response was not valid JSON ({exc}): {response.text[:200]!r}") from exc

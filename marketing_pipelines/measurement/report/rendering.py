@@ -12,6 +12,7 @@ from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.measurement.funnel import format_pct, format_unique
 from marketing_pipelines.measurement.report.model import MeasurementReport
 from marketing_pipelines.measurement.rollup import FIRST_PARTY
+from marketing_pipelines.redact import spreadsheet_safe, visible_controls
 
 FORMATS = ("table", "csv", "json")
 CSV_COLUMNS = (
@@ -46,7 +47,11 @@ def render(report: MeasurementReport, fmt: str) -> str:
 
 
 def render_csv(report: MeasurementReport) -> str:
-    """One CSV with a ``section`` column (total, daily, funnel), so a spreadsheet filter splits it."""
+    """One CSV with a ``section`` column (total, daily, funnel), so a spreadsheet filter splits it.
+
+    Stages, event types and sources come from loaded events, anyone's text: each is written by
+    ``spreadsheet_safe``, so ``=HYPERLINK(...)`` stays text in a spreadsheet and ESC stays visible.
+    """
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
     writer.writeheader()
@@ -60,12 +65,14 @@ def render_csv(report: MeasurementReport) -> str:
 
 
 def _without(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: ("" if v is None else v) for k, v in row.items()}
+    # Only str values are neutralised: a count or a ratio is an int or float, and a negative number must
+    # stay a number a spreadsheet sums, not the text "'-3".
+    return {k: ("" if v is None else spreadsheet_safe(v) if isinstance(v, str) else v) for k, v in row.items()}
 
 
 def render_table(report: MeasurementReport) -> str:
     span = f"{report.start} .. {report.end}" if report.start else "no rolled-up days"
-    lines = [f"Campaign {report.campaign_id}, {span} (UTC days)", ""]
+    lines = [f"Campaign {visible_controls(report.campaign_id)}, {span} (UTC days)", ""]
     if not report.daily:
         lines.append("No rollup rows in this range: materialize measurement_daily_rollup for these days.")
         return "\n".join(lines)
@@ -103,7 +110,8 @@ def render_table(report: MeasurementReport) -> str:
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    cells = [header, *[[str(c) for c in row] for row in rows]]
+    # Stages, event types and sources are loaded text: their controls are written visibly, as in every CLI table.
+    cells = [header, *[[visible_controls(str(c)) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     numeric = {
         i for i in range(len(header)) if header[i] in ("raw_count", "unique_actors", "from_previous", "from_first")

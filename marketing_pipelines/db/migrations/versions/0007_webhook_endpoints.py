@@ -22,12 +22,14 @@ def upgrade() -> None:
     op.create_table(
         "webhook_endpoint",
         sa.Column("name", sa.String(64), nullable=False),
-        sa.Column("campaign_id", sa.String(64), nullable=True),
-        sa.Column("origin", sa.String(300), nullable=False),
+        sa.Column("campaign_id", sa.String(64), nullable=True, comment="NULL: any campaign"),
+        sa.Column("origin", sa.String(300), nullable=False, comment="scheme://host[:port] of the URL, for display"),
         sa.Column("url_sealed", sa.Text, nullable=False),
-        sa.Column("secret_sealed", sa.Text, nullable=False),
-        sa.Column("previous_secret_sealed", sa.Text, nullable=True),
-        sa.Column("previous_secret_until", UTCDateTime(), nullable=True),
+        sa.Column("secret_sealed", sa.Text, nullable=False, comment="Current signing secret (whsec_...), sealed"),
+        sa.Column("previous_secret_sealed", sa.Text, nullable=True, comment="Secret before the last rotation, sealed"),
+        sa.Column(
+            "previous_secret_until", UTCDateTime(), nullable=True, comment="The previous secret signs until then"
+        ),
         sa.Column("created_at", UTCDateTime(), nullable=False),
         sa.Column("rotated_at", UTCDateTime(), nullable=True),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_webhook_endpoint")),
