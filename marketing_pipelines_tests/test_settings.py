@@ -23,7 +23,13 @@ STRUCTURAL = {
     "sensor_interval_seconds": "each claiming sensor's minimum interval",
 }
 # Defaults of what the CLI requests (it reads them itself); no Dagster code reads them.
-CLI_DEFAULTS = {"execution_max_attempts", "agent_max_run_seconds", "model_provider", "dagster_ui_url", "webhook_rotation_hours"}
+CLI_DEFAULTS = {
+    "execution_max_attempts",
+    "agent_max_run_seconds",
+    "model_provider",
+    "dagster_ui_url",
+    "webhook_rotation_hours",
+}
 
 
 def _env_vars_shown_by_resources() -> set[str]:
