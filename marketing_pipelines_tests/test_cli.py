@@ -310,3 +310,38 @@ def test_ui_gives_its_dagster_dev_its_own_url_for_run_links_and_says_how_to_expo
     # Started from its instance's folder, so another dagster.yaml where the user stands draws no warning.
     assert env["cwd"] == env["DAGSTER_HOME"]
     assert env["MARKETING_DATABASE_URL"] == f"sqlite:///{tmp_path / 'ui.db'}"
+
+
+@pytest.mark.parametrize("chosen", [None, "2026-02-01"])
+def test_ui_starts_the_partitions_at_the_first_day_with_events_unless_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chosen: str | None
+) -> None:
+    import os
+    from datetime import UTC, datetime
+
+    from marketing_pipelines.db.engine import get_engine
+    from marketing_pipelines.db.migrate import upgrade
+    from marketing_pipelines.measurement.events import record_events
+    from marketing_pipelines_tests.factories import add_campaign
+
+    db_url = f"sqlite:///{tmp_path / 'ui.db'}"
+    engine = get_engine(db_url)
+    upgrade(engine)
+    add_campaign(engine)
+    event = {"campaign_id": "spring-launch", "stage": "awareness", "event_type": "page_view", "actor_id": "a"}
+    with engine.begin() as conn:
+        for n, day in enumerate((15, 3, 20)):
+            occurred = datetime(2026, 11, day, 23, 30, tzinfo=UTC).isoformat()
+            record_events(conn, [{**event, "event_id": f"e{n}", "occurred_at": occurred}])
+    started: list[dict[str, str]] = []
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        started.append(env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execve", execve)
+    monkeypatch.chdir(tmp_path)
+    env = {"MARKETING_DATABASE_URL": db_url, "MARKETING_MEASUREMENT_START_DATE": chosen or ""}
+    assert invoke(env, "ui").exit_code == 0
+    # The demo's week shows as its partitions, not as the months before it missing; a chosen start stands.
+    assert started[0]["MARKETING_MEASUREMENT_START_DATE"] == (chosen or "2026-11-03")

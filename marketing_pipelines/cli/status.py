@@ -7,6 +7,7 @@ import json
 import click
 
 from marketing_pipelines.cli.common import emit_rows, json_option, ready_conn
+from marketing_pipelines.measurement.sources import SOURCES, missing_variables
 from marketing_pipelines.monitoring.health import QueueHealth, queue_health
 
 COLUMNS = ["queue", "waiting", "oldest waiting", "running", "failed last hour", "succeeded last hour"]
@@ -56,6 +57,7 @@ def status_command(as_json: bool) -> None:
 
     Executions count as waiting once their due time has passed; agent runs from their request.
     "Last hour" counts rows that finished in the hour up to now; REFUSED agent runs count nowhere.
+    Measurement sources that are not configured (and what turns each on) are named after the table.
 
     \b
     Example:
@@ -63,7 +65,13 @@ def status_command(as_json: bool) -> None:
     """
     with ready_conn() as conn:
         health = queue_health(conn)
+    missing = missing_variables()
     if as_json:
-        click.echo(json.dumps(health.as_json()))
+        sources = {s.name: {"configured": s.name not in missing, "set": missing.get(s.name, [])} for s in SOURCES}
+        click.echo(json.dumps({**health.as_json(), "measurement_sources": sources}))
         return
     emit_rows(table_rows(health), COLUMNS, as_json=False)
+    if missing:
+        # Not an error: the rollup builds from the sources that are configured (first-party events always).
+        named = ", ".join(f"{name} (set {' and '.join(names)})" for name, names in missing.items())
+        click.echo(f"measurement sources not configured: {named}")

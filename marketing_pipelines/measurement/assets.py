@@ -107,7 +107,7 @@ def _not_configured(context: dg.AssetExecutionContext, importer: Importer, days:
 SITE_ANALYTICS_SPEC = dg.AssetSpec(
     SITE_KEY,
     description=(
-        "Table ``site_analytics_daily``: one row is one page's visitors and pageviews on one day from the visits "
+        "Table `site_analytics_daily`: one row is one page's visitors and pageviews on one day from the visits "
         "tagged with one utm_campaign. Plausible buckets days in the site's own time zone; set the site to UTC in "
         "Plausible so its days line up with the events' UTC days. Not materialized while Plausible is not configured."
     ),
@@ -119,10 +119,10 @@ SITE_ANALYTICS_SPEC = dg.AssetSpec(
 RELEASE_DOWNLOADS_SPEC = dg.AssetSpec(
     DOWNLOADS_KEY,
     description=(
-        "Table ``github_release_download_daily``: one row is one release asset's downloads on one UTC day, the "
+        "Table `github_release_download_daily`: one row is one release asset's downloads on one UTC day, the "
         "difference between its snapshot for that day and the repository's previous snapshot (rows of a "
         "repository's first snapshot are baselines with no known downloads). Snapshots are kept per asset id and "
-        "day in ``github_release_asset_snapshot``. GitHub only reports current totals: a partition takes a snapshot "
+        "day in `github_release_asset_snapshot`. GitHub only reports current totals: a partition takes a snapshot "
         "only while its day ended less than a day ago; re-running an older partition re-derives its deltas from "
         "the stored snapshot. Not materialized while GitHub is not configured."
     ),
@@ -134,11 +134,11 @@ RELEASE_DOWNLOADS_SPEC = dg.AssetSpec(
 ROLLUP_SPEC = dg.AssetSpec(
     ROLLUP_KEY,
     description=(
-        "Table ``measurement_daily_rollup``: one row is one (UTC day, campaign, source, stage, event type) with its "
+        "Table `measurement_daily_rollup`: one row is one (UTC day, campaign, source, stage, event type) with its "
         "raw_count, its exact unique_actors that day (NULL for imported rows, whose actors are unknown) and the "
         "serialized HLL sketch of its actor ids, which the report merges for unique actors over a range. Sources: "
-        "``first_party`` events, ``site_analytics`` pageviews (by campaign.utm_campaign) and ``github_releases`` "
-        "downloads (by campaign.github_repo). Also refreshes the days' ISO weeks in ``measurement_weekly_sketch``, "
+        "`first_party` events, `site_analytics` pageviews (by campaign.utm_campaign) and `github_releases` "
+        "downloads (by campaign.github_repo). Also refreshes the days' ISO weeks in `measurement_weekly_sketch`, "
         "the per-week sketch unions the report merges for whole weeks."
     ),
     group_name=GROUP,
@@ -150,13 +150,38 @@ ROLLUP_SPEC = dg.AssetSpec(
 ).with_io_manager_key(ROLLUP_IO_MANAGER)
 
 
-def build_measurement_daily(retry_policy: dg.RetryPolicy = IMPORT_RETRY_POLICY) -> dg.AssetsDefinition:
-    """The measurement multi-asset; tests pass a retry policy without delay, deployments keep the default."""
+# Each importer's asset and its checks, in the order a run imports them.
+IMPORTERS = {
+    SITE_KEY: (SITE_ANALYTICS_SPEC, SITE_CHECK_SPECS),
+    DOWNLOADS_KEY: (RELEASE_DOWNLOADS_SPEC, DOWNLOAD_CHECK_SPECS),
+}
+
+
+def build_measurement_daily(
+    retry_policy: dg.RetryPolicy = IMPORT_RETRY_POLICY, left_out: Mapping[dg.AssetKey, str] | None = None
+) -> dg.AssetsDefinition:
+    """The measurement multi-asset; tests pass a retry policy without delay, deployments keep the default.
+
+    ``left_out``: importers that are not configured, each with what turns it on. They are not in the
+    definitions at all, rather than assets whose every partition stays missing: the catalog shows
+    what this deployment measures, a backfill of every measurement asset succeeds, and the rollup
+    (whose description says what is left out) builds from the sources that are configured.
+    """
+    left_out = dict(left_out or {})
+    importers = [key for key in IMPORTERS if key not in left_out]
+    rollup_spec = ROLLUP_SPEC.replace_attributes(
+        deps=[marketing_event_asset, *importers],
+        description=ROLLUP_SPEC.description
+        + "".join(
+            f"\n\nNot configured, so not in these definitions: `{key.to_user_string()}` ({reason})."
+            for key, reason in left_out.items()
+        ),
+    )
 
     @dg.multi_asset(
         name="measurement_daily",
-        specs=[SITE_ANALYTICS_SPEC, RELEASE_DOWNLOADS_SPEC, ROLLUP_SPEC],
-        check_specs=[*SITE_CHECK_SPECS, *DOWNLOAD_CHECK_SPECS, *ROLLUP_CHECK_SPECS],
+        specs=[*(IMPORTERS[key][0] for key in importers), rollup_spec],
+        check_specs=[*(spec for key in importers for spec in IMPORTERS[key][1]), *ROLLUP_CHECK_SPECS],
         partitions_def=measurement_partitions,
         can_subset=True,
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_DAYS_PER_RUN),
@@ -340,10 +365,10 @@ def rollup(
     )
 
 
-MEASUREMENT_KEYS = [SITE_KEY, DOWNLOADS_KEY, ROLLUP_KEY]
 measurement_daily_job = dg.define_asset_job(
     "measurement_daily_job",
-    selection=dg.AssetSelection.assets(*MEASUREMENT_KEYS),
+    # The group's materializable assets: the rollup and whichever importers the definitions hold.
+    selection=dg.AssetSelection.groups(GROUP).materializable(),
     description="Imports one day from Plausible and GitHub, then rebuilds that day's rollup.",
 )
 measurement_rollup_job = dg.define_asset_job(

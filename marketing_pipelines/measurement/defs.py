@@ -7,8 +7,8 @@ import dagster as dg
 from marketing_pipelines.db.resources import DATABASE_URL_ENV
 from marketing_pipelines.measurement.assets import (
     ROLLUP_IO_MANAGER,
+    build_measurement_daily,
     marketing_event_asset,
-    measurement_daily,
     measurement_daily_job,
     measurement_rollup_job,
 )
@@ -17,6 +17,7 @@ from marketing_pipelines.measurement.importers.github import TOKEN_ENV, GitHubRe
 from marketing_pipelines.measurement.importers.plausible import API_KEY_ENV, SITE_ID_ENV, PlausibleClient
 from marketing_pipelines.measurement.schedules import measurement_daily_schedule
 from marketing_pipelines.measurement.sensors import measurement_late_events_sensor
+from marketing_pipelines.measurement.sources import SOURCES, missing_variables
 from marketing_pipelines.settings import env_var_if_set
 
 PLAUSIBLE_BASE_URL_ENV = "PLAUSIBLE_BASE_URL"
@@ -40,8 +41,18 @@ def importer_resources(environ: Mapping[str, str] | None = None) -> dict[str, dg
     }
 
 
+def left_out_importers(environ: Mapping[str, str] | None = None) -> dict[dg.AssetKey, str]:
+    """The importer assets whose source is not configured, each with what turns it on."""
+    missing = missing_variables(environ)
+    return {
+        dg.AssetKey(source.asset): f"set {' and '.join(missing[source.name])}"
+        for source in SOURCES
+        if source.name in missing
+    }
+
+
 defs = dg.Definitions(
-    assets=[marketing_event_asset, measurement_daily],
+    assets=[marketing_event_asset, build_measurement_daily(left_out=left_out_importers())],
     jobs=[measurement_daily_job, measurement_rollup_job],
     schedules=[measurement_daily_schedule],
     sensors=[measurement_late_events_sensor],

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dagster as dg
+import pytest
 
 from marketing_pipelines.definitions import defs
-from marketing_pipelines.measurement.defs import importer_resources
+from marketing_pipelines.measurement.assets import build_measurement_daily, marketing_event_asset, measurement_daily_job
+from marketing_pipelines.measurement.defs import importer_resources, left_out_importers
 
 
 def test_measurement_keys_are_defined() -> None:
@@ -15,22 +17,55 @@ def test_measurement_keys_are_defined() -> None:
     assert "measurement_late_events_sensor" in {s.name for s in repo.sensor_defs}
     assert "measurement_daily_schedule" in {s.name for s in repo.schedule_defs}
     graph = defs.resolve_asset_graph()
-    assert {
-        dg.AssetKey("marketing_event"),
-        dg.AssetKey("site_analytics_daily"),
-        dg.AssetKey("github_release_downloads_daily"),
-        dg.AssetKey("measurement_daily_rollup"),
-    } <= set(graph.get_all_asset_keys())
+    assert {dg.AssetKey("marketing_event"), dg.AssetKey("measurement_daily_rollup")} <= set(graph.get_all_asset_keys())
     assert {(k.asset_key.path[-1], k.name) for k in graph.asset_check_keys} >= {
         ("measurement_daily_rollup", "first_party_count_matches_events"),
         ("measurement_daily_rollup", "unique_actors_within_raw_count"),
-        ("github_release_downloads_daily", "no_unflagged_negative_download_delta"),
     }
-    assert graph.get(dg.AssetKey("measurement_daily_rollup")).parent_keys == {
-        dg.AssetKey("marketing_event"),
-        dg.AssetKey("site_analytics_daily"),
-        dg.AssetKey("github_release_downloads_daily"),
-    }
+
+
+SITE, DOWNLOADS, ROLLUP = (
+    dg.AssetKey("site_analytics_daily"),
+    dg.AssetKey("github_release_downloads_daily"),
+    dg.AssetKey("measurement_daily_rollup"),
+)
+UNBOUND = {
+    **{name: dg.ResourceDefinition.none_resource() for name in ("app_db", "plausible", "github")},
+    "rollup_frames": dg.IOManagerDefinition.hardcoded_io_manager(dg.InMemoryIOManager()),
+}
+PLAUSIBLE_ENV = {"PLAUSIBLE_API_KEY": "k", "PLAUSIBLE_SITE_ID": "example.com"}
+
+
+@pytest.mark.parametrize(
+    ("environ", "importers"),
+    [
+        ({}, set()),  # the default deployment: first-party events only
+        ({"GITHUB_TOKEN": "t"}, {DOWNLOADS}),
+        ({"PLAUSIBLE_API_KEY": "k"}, set()),  # half of Plausible's pair is not configured
+        ({**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t"}, {SITE, DOWNLOADS}),
+    ],
+)
+def test_an_importer_is_in_the_definitions_only_when_its_source_is_configured(
+    environ: dict[str, str], importers: set[dg.AssetKey]
+) -> None:
+    assets = build_measurement_daily(left_out=left_out_importers(environ))
+    assert set(assets.keys) == {ROLLUP, *importers}
+    assert set(assets.asset_deps[ROLLUP]) == {dg.AssetKey("marketing_event"), *importers}
+    assert {key.asset_key for key in assets.check_keys} == {ROLLUP, *importers}
+    # The catalog says what is left out and what turns it on, on the rollup everyone looks at.
+    description = assets.specs_by_key[ROLLUP].description or ""
+    for key in (SITE, DOWNLOADS):
+        assert (f"`{key.to_user_string()}` (set " in description) == (key not in importers), key
+    if not environ:
+        assert "(set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID)" in description and "(set GITHUB_TOKEN)" in description
+
+
+def test_the_daily_job_selects_the_importers_the_definitions_hold() -> None:
+    for environ in ({}, {**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t"}):
+        assets = [marketing_event_asset, build_measurement_daily(left_out=left_out_importers(environ))]
+        # Resources are bound where the deployment assembles them; the selection needs only the graph.
+        graph = dg.Definitions(assets=assets, resources=UNBOUND).resolve_asset_graph()
+        assert measurement_daily_job.selection.resolve(graph) == graph.materializable_asset_keys
 
 
 def test_importers_are_configured_from_env_vars_only_when_set() -> None:
@@ -42,3 +77,37 @@ def test_importers_are_configured_from_env_vars_only_when_set() -> None:
     assert configured["plausible"].api_key == dg.EnvVar("PLAUSIBLE_API_KEY")
     assert configured["plausible"].site_id == dg.EnvVar("PLAUSIBLE_SITE_ID")
     assert configured["github"].token == dg.EnvVar("GITHUB_TOKEN")
+
+
+def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
+    """The UI's "Unsynced" badge reads the stale status resolver (GraphQL's staleStatus). With unconfigured
+    importers in the definitions, a rollup partition was "Unsynced (2)", two inputs never materialized,
+    however often it ran; with them left out, identical re-runs keep it in sync."""
+    from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+    from dagster._core.loader import LoadingContextForTest
+
+    from marketing_pipelines.db.resources import AppDatabase
+    from marketing_pipelines.measurement.assets import ROLLUP_IO_MANAGER
+    from marketing_pipelines.measurement.frames import RollupFrameIOManager
+    from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
+    from marketing_pipelines.measurement.importers.plausible import PlausibleClient
+
+    resources = {
+        "app_db": AppDatabase(url=db_url),
+        "plausible": PlausibleClient(),
+        "github": GitHubReleasesClient(),
+        ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
+    }
+    day = "2026-11-20"
+    assets = build_measurement_daily(left_out=left_out_importers({}))
+    with dg.instance_for_test() as instance:
+        for _ in range(3):
+            result = dg.materialize(
+                [marketing_event_asset, assets], selection=[ROLLUP], instance=instance, resources=resources,
+                partition_key=day,
+            )  # fmt: skip
+            assert result.success
+        graph = dg.Definitions(assets=[marketing_event_asset, assets], resources=resources).resolve_asset_graph()
+        resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
+        assert resolver.get_stale_causes(ROLLUP, day) == []
+        assert resolver.get_status(ROLLUP, day) == StaleStatus.FRESH

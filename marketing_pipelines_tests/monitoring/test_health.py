@@ -91,8 +91,13 @@ def test_without_a_given_time_the_figures_use_the_clock(engine: sa.Engine) -> No
     assert health.executions.failed_last_hour == 0  # an hour on, the failure is older than the hour
 
 
-def status(db_url: str, *args: str) -> str:
-    result = CliRunner(env={"MARKETING_DATABASE_URL": db_url}).invoke(main, ["status", *args], catch_exceptions=False)
+# No measurement source configured, whatever the environment running the tests holds ("" is unset).
+UNCONFIGURED = {"PLAUSIBLE_API_KEY": "", "PLAUSIBLE_SITE_ID": "", "GITHUB_TOKEN": ""}
+
+
+def status(db_url: str, *args: str, **environ: str) -> str:
+    env = {"MARKETING_DATABASE_URL": db_url, **UNCONFIGURED, **environ}
+    result = CliRunner(env=env).invoke(main, ["status", *args], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return result.output
 
@@ -101,7 +106,7 @@ def test_status_json_prints_exactly_the_documented_shape(db_url: str, engine: sa
     now = datetime.now(UTC)
     fill(engine, now=now)
     printed = json.loads(status(db_url, "--json"))
-    assert list(printed) == ["executions", "agent_runs"]
+    assert list(printed) == ["executions", "agent_runs", "measurement_sources"]
     assert list(printed["executions"]) == [
         "due",
         "oldest_due_seconds",
@@ -116,6 +121,21 @@ def test_status_json_prints_exactly_the_documented_shape(db_url: str, engine: sa
     assert isinstance(agent_runs.pop("oldest_queued_seconds"), float)
     assert executions == {"due": 2, "running": 1, "failed_last_hour": 1, "succeeded_last_hour": 2}
     assert agent_runs == {"queued": 2, "running": 1, "failed_last_hour": 1}
+
+
+def test_status_names_the_measurement_sources_not_configured_and_what_turns_each_on(db_url: str) -> None:
+    lines = status(db_url).splitlines()
+    assert lines[-1] == (
+        "measurement sources not configured: site_analytics (set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID), "
+        "github_releases (set GITHUB_TOKEN)"
+    )
+    printed = json.loads(status(db_url, "--json", GITHUB_TOKEN="t", PLAUSIBLE_SITE_ID="example.com"))
+    assert printed["measurement_sources"] == {
+        "site_analytics": {"configured": False, "set": ["PLAUSIBLE_API_KEY"]},
+        "github_releases": {"configured": True, "set": []},
+    }
+    everything = {"GITHUB_TOKEN": "t", "PLAUSIBLE_SITE_ID": "example.com", "PLAUSIBLE_API_KEY": "k"}
+    assert "not configured" not in status(db_url, **everything)
 
 
 def test_status_json_of_empty_queues_prints_null_ages(db_url: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -218,3 +218,13 @@ def record_events(conn: sa.Connection, events: Iterable[Mapping[str, Any]], sour
             else:
                 counts.duplicate += 1
     return counts
+
+
+def first_event_day(conn: sa.Connection) -> date | None:
+    """The UTC day of the earliest stored event (an index-only MIN on ``occurred_at``), or None when there is none."""
+    first = conn.execute(sa.select(sa.func.min(marketing_event.c.occurred_at))).scalar_one()
+    if first is None:
+        return None
+    # SQLite hands an aggregate back as text, without the column type's conversion to an aware datetime.
+    first = datetime.fromisoformat(first) if isinstance(first, str) else first
+    return (first if first.tzinfo else first.replace(tzinfo=UTC)).astimezone(UTC).date()

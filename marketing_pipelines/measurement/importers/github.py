@@ -21,10 +21,12 @@ from marketing_pipelines.http import (
     send_with_retries,
 )
 from marketing_pipelines.measurement.importers.base import response_json
+from marketing_pipelines.measurement.sources import GITHUB_TOKEN_ENV
+from marketing_pipelines.settings import shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 SERVICE = "github"
-TOKEN_ENV = "GITHUB_TOKEN"
+TOKEN_ENV = GITHUB_TOKEN_ENV
 # GitHub's largest page for the releases list.
 PER_PAGE = 100
 _REPO_PATTERN = re.compile(r"[A-Za-z0-9-]+/[A-Za-z0-9._-]+")
@@ -95,6 +97,7 @@ class DownloadDelta:
     negative_clamped: bool
 
 
+@shown_in_ui
 class GitHubReleasesClient(dg.ConfigurableResource):
     """Lists release assets through the GitHub REST API (``GET /repos/{owner}/{repo}/releases``)."""
 

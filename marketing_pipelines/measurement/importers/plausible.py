@@ -13,11 +13,12 @@ from pydantic import Field
 
 from marketing_pipelines.http import HttpRetry, RateLimited, ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.measurement.importers.base import ImporterNotConfigured, response_json
+from marketing_pipelines.measurement.sources import PLAUSIBLE_API_KEY_ENV, PLAUSIBLE_SITE_ID_ENV
+from marketing_pipelines.settings import shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 SERVICE = "plausible"
-API_KEY_ENV = "PLAUSIBLE_API_KEY"
-SITE_ID_ENV = "PLAUSIBLE_SITE_ID"
+API_KEY_ENV, SITE_ID_ENV = PLAUSIBLE_API_KEY_ENV, PLAUSIBLE_SITE_ID_ENV
 QUERY_PATH = "/api/v2/query"
 METRICS = ("visitors", "pageviews")
 DIMENSIONS = ("time:day", "visit:utm_campaign", "event:page")
@@ -45,6 +46,7 @@ class SiteAnalyticsRow:
     pageviews: int
 
 
+@shown_in_ui
 class PlausibleClient(dg.ConfigurableResource):
     """Reads campaign traffic from the Plausible Stats API v2 (``POST /api/v2/query``)."""
 
