@@ -15,11 +15,12 @@ claiming sensor's minimum interval).
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Mapping
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
@@ -35,6 +36,7 @@ DEFAULT_DB_DIR = ".marketing"
 DEFAULT_DB_FILE = "marketing.db"
 SECRETS_KEY_FILE = "secrets.key"
 ENV_PREFIX = "MARKETING_"
+_T = TypeVar("_T")
 MODEL_PROVIDERS = ("offline", "anthropic", "openai")
 
 
@@ -270,3 +272,16 @@ def env_var_if_set(name: str, environ: Mapping[str, str] | None = None) -> dg.En
     import dagster as dg  # here, not at the top: the CLI imports settings and must start without dagster
 
     return dg.EnvVar(name) if (os.environ if environ is None else environ).get(name) else None
+
+
+def shown_in_ui(cls: type[_T]) -> type[_T]:
+    """A resource class whose docstring the Dagster UI shows as Markdown, as it reads in the code.
+
+    Dagster shows a resource's class docstring as its description, rendered as Markdown. Python 3.11
+    keeps a docstring's indentation, which Markdown reads as a code block from the second paragraph
+    on, and RST's ``literal`` would show its doubled backticks: the docstring is dedented, and each
+    ``literal`` becomes Markdown's single-backtick code.
+    """
+    if cls.__doc__:
+        cls.__doc__ = inspect.cleandoc(cls.__doc__).replace("``", "`")
+    return cls

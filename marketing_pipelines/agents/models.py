@@ -21,10 +21,12 @@ from marketing_pipelines.agents.providers.openai import OpenAIModel
 from marketing_pipelines.agents.providers.registry import PROVIDERS, provider_resources_from_env, provider_spec
 from marketing_pipelines.agents.providers.types import ModelProvider
 from marketing_pipelines.http import ServiceError
+from marketing_pipelines.settings import shown_in_ui
 
 MODELS_RESOURCE_KEY = "models"
 
 
+@shown_in_ui
 class ModelGateway(dg.ConfigurableResource):
     """Hands an agent run the provider it asked for, or a ServiceError saying why it cannot.
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dagster as dg
 
-from marketing_pipelines.settings import Settings, setting_field
+from marketing_pipelines.settings import Settings, setting_field, shown_in_ui
 
 
+@shown_in_ui
 class AgentSettings(dg.ConfigurableResource):
     """The agent queue's tunables; each field is a MARKETING_* setting and shows its env var in the UI."""
 

@@ -8,11 +8,12 @@ from pydantic import Field
 
 from marketing_pipelines.db.engine import DatabaseUnavailable, get_engine
 from marketing_pipelines.db.schema_version import SchemaNotReady, ensure_schema_current
-from marketing_pipelines.settings import default_database_url, env_name, env_var_if_set
+from marketing_pipelines.settings import default_database_url, env_name, env_var_if_set, shown_in_ui
 
 DATABASE_URL_ENV = env_name("database_url")
 
 
+@shown_in_ui
 class AppDatabase(dg.ConfigurableResource):
     """Connection to the application database.
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dagster as dg
 
-from marketing_pipelines.settings import Settings, setting_field
+from marketing_pipelines.settings import Settings, setting_field, shown_in_ui
 
 # Exponential backoff is capped so a long-failing webhook is still retried within the hour.
 MAX_RETRY_DELAY_SECONDS = 3600.0
 
 
+@shown_in_ui
 class ExecutionSettings(dg.ConfigurableResource):
     """The executions queue's tunables; each field is a MARKETING_* setting and shows its env var in the UI."""
 

@@ -19,7 +19,7 @@ from pydantic import Field, field_validator
 
 from marketing_pipelines.egress import ALLOW_SETTING, EgressPolicy, parse_networks
 from marketing_pipelines.sealing import KEY_SETTING
-from marketing_pipelines.settings import Settings, env_var_if_set, setting_field
+from marketing_pipelines.settings import Settings, env_var_if_set, setting_field, shown_in_ui
 
 # What a webhook response may cost us: enough of an error body to quote 200 characters.
 MAX_RESPONSE_BYTES = 8 * 1024
@@ -31,6 +31,7 @@ class WebhookResponse:
     text: str  # at most MAX_RESPONSE_BYTES of the body, decoded leniently
 
 
+@shown_in_ui
 class WebhookClient(dg.ConfigurableResource):
     """HTTP client of the ``webhook`` action.
 

@@ -29,6 +29,7 @@ from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import measurement_daily_rollup
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.settings import shown_in_ui
 
 if TYPE_CHECKING:
     # Only annotated: loading the DataFrames (as the IO manager does) need not load the report.
@@ -181,6 +182,7 @@ def report_frames(report: MeasurementReport) -> ReportFrames:
 # --- the IO manager -------------------------------------------------------------------------------------
 
 
+@shown_in_ui
 class RollupFrameIOManager(dg.ConfigurableIOManager):
     """Loads ``measurement_daily_rollup`` as a DataFrame (``rollup_frame``) for the partitions asked for.
 

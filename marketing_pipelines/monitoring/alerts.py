@@ -34,7 +34,7 @@ from marketing_pipelines.egress import EgressRefused
 from marketing_pipelines.executions.signing import body_bytes
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.redact import CONTROL_CHARACTERS, redact_text, url_origin, url_origins
-from marketing_pipelines.settings import Settings, dagster_ui_base, env_name, env_var_if_set, setting_field
+from marketing_pipelines.settings import Settings, dagster_ui_base, env_name, env_var_if_set, setting_field, shown_in_ui
 
 ALERT_URL_ENV = env_name("alert_webhook_url")
 # A message lists at most this many runs and checks, and this many failed executions per run; it
@@ -310,6 +310,7 @@ def _scrubbed_http_logs(scrub: _Scrubber) -> Iterator[None]:
         logger.removeFilter(log_filter)
 
 
+@shown_in_ui
 class AlertWebhook(dg.ConfigurableResource):
     """Where alerts go: a Slack-compatible incoming webhook, or nowhere when ``url`` is empty.
 

@@ -8,7 +8,7 @@ from typing import Literal
 import dagster as dg
 
 from marketing_pipelines.monitoring.health import QueueHealth
-from marketing_pipelines.settings import Settings, setting_field
+from marketing_pipelines.settings import Settings, setting_field, shown_in_ui
 
 Queue = Literal["executions", "agent_runs"]
 CheckName = Literal["due_lag", "failed_last_hour"]
@@ -39,6 +39,7 @@ def severity_of(value: float, warn_at: float, error_at: float) -> dg.AssetCheckS
     return None
 
 
+@shown_in_ui
 class HealthSettings(dg.ConfigurableResource):
     """Thresholds of the queue checks; each field is a MARKETING_* setting and shows its env var in the UI."""
 

@@ -8,11 +8,13 @@ from typing import Any
 from marketing_pipelines.agents.providers.base import HTTPModel, ProviderSpec, int_or_zero
 from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec
 from marketing_pipelines.http import ServiceError
+from marketing_pipelines.settings import shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_depth
 
 ANTHROPIC_VERSION = "2023-06-01"
 
 
+@shown_in_ui
 class AnthropicModel(HTTPModel):
     """Claude through the Anthropic Messages API."""
 

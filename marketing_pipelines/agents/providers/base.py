@@ -17,7 +17,7 @@ from pydantic import ConfigDict, PrivateAttr, field_validator
 
 from marketing_pipelines.http import ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.redact import redact_text
-from marketing_pipelines.settings import SettingsError, env_var_if_set
+from marketing_pipelines.settings import SettingsError, env_var_if_set, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 
@@ -93,6 +93,7 @@ class ProviderSpec:
         return None if info is None else info.default
 
 
+@shown_in_ui
 class HTTPModel(dg.ConfigurableResource):
     """Shared by the HTTP providers: the API key, limits, and one ``httpx.Client`` per resource instance.
 

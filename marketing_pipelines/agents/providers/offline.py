@@ -10,11 +10,13 @@ import dagster as dg
 
 from marketing_pipelines.agents.providers.base import ProviderSpec
 from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec
+from marketing_pipelines.settings import shown_in_ui
 from marketing_pipelines.strict_json import loads_json
 
 OFFLINE_RESULT_PREVIEW_CHARS = 200
 
 
+@shown_in_ui
 class OfflineModel(dg.ConfigurableResource):
     """Deterministic stand-in for a model: calls each tool whose required inputs the task provides, then summarises.
 

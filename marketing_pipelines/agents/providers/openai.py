@@ -8,9 +8,11 @@ from typing import Any, Literal
 from marketing_pipelines.agents.providers.base import HTTPModel, ProviderSpec, int_or_zero
 from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec
 from marketing_pipelines.http import ServiceError
+from marketing_pipelines.settings import shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_depth, check_text_depth
 
 
+@shown_in_ui
 class OpenAIModel(HTTPModel):
     """A model behind the Chat Completions API: OpenAI itself or any OpenAI-compatible server.
 
