@@ -75,6 +75,10 @@ def test_a_failed_execution_fails_its_run_in_the_ui_and_alerts_once(pg_url: str,
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
+    # Create the instance's SQLite storage once, here: the daemon and the webserver starting together on an
+    # empty home both migrate it, and under load one of them can meet the other's half-written version
+    # table ("more than one head present") and exit.
+    dg.DagsterInstance.from_config(str(home)).dispose()
     web_port = free_port()
     webserver = f"http://127.0.0.1:{web_port}"
 
