@@ -7,10 +7,14 @@ downstream assets receive the rollup of their partitions as a DataFrame.
 Dtypes, the same for an empty frame: ``day`` is ``datetime64[ns]`` at midnight of the UTC day, without a
 time zone, so ``.dt``, ``resample`` and joins on a day work (a datetime rather than ``date`` objects, whose
 column would be ``object``; the unit is fixed because pandas 3 infers ``s`` from dates where pandas 2 gave
-``ns``); ``rolled_up_at`` is ``datetime64[ns, UTC]``; counts are ``int64`` and ``unique_actors`` is the nullable
-``Int64`` (``<NA>``: unknown, as for imported rows); text is pandas' default string dtype; exactness flags
-are ``bool``. A day's ``unique_actors`` cannot be summed over days: an actor seen on two days is one actor.
-Unique actors over a range come from the report's merged sketches (``report_frames``).
+``ns``); ``rolled_up_at`` is ``datetime64[ns, UTC]``; every count (``raw_count``, ``unique_actors``) is the
+nullable ``Int64`` (``<NA>``: unknown, as for imported rows' actors), one integer dtype in every frame, so a
+rollup row and a report row compare and concatenate without a cast, and a merge that leaves a row out gives
+``<NA>`` rather than turning the column into floats; text is pandas' default string dtype; exactness flags
+are ``bool``. Columns come in one order: day, campaign, then source, stage and event type, then the counts,
+each frame keeping only the ones it has. A day's ``unique_actors`` cannot be summed over days: an actor
+seen on two days is one actor. Unique actors over a range come from the report's merged sketches
+(``report_frames``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
 DAY = "datetime64[ns]"
 INSTANT = "datetime64[ns, UTC]"
 TEXT = "str"  # pandas' default string dtype (``str`` in pandas 3, object in pandas 2)
+COUNT = "Int64"
 
 ROLLUP_DTYPES: dict[str, str] = {
     "day": DAY,
@@ -45,8 +50,8 @@ ROLLUP_DTYPES: dict[str, str] = {
     "source": TEXT,
     "stage": TEXT,
     "event_type": TEXT,
-    "raw_count": "int64",
-    "unique_actors": "Int64",
+    "raw_count": COUNT,
+    "unique_actors": COUNT,
     "rolled_up_at": INSTANT,
 }
 ROLLUP_ORDER = ["day", "campaign_id", "source", "stage", "event_type"]
@@ -55,25 +60,18 @@ TOTALS_DTYPES: dict[str, str] = {
     "source": TEXT,
     "stage": TEXT,
     "event_type": TEXT,
-    "raw_count": "int64",
-    "unique_actors": "Int64",
+    "raw_count": COUNT,
+    "unique_actors": COUNT,
     "unique_actors_exact": "bool",
 }
-DAILY_DTYPES: dict[str, str] = {
-    "campaign_id": TEXT,
-    "day": DAY,
-    "source": TEXT,
-    "stage": TEXT,
-    "event_type": TEXT,
-    "raw_count": "int64",
-    "unique_actors": "Int64",
-}
+# The rollup's columns less rolled_up_at, in its order: report.daily and rollup_frame(...) line up.
+DAILY_DTYPES: dict[str, str] = {column: dtype for column, dtype in ROLLUP_DTYPES.items() if column != "rolled_up_at"}
 FUNNEL_DTYPES: dict[str, str] = {
     "campaign_id": TEXT,
     "stage": TEXT,
-    "unique_actors": "int64",
+    "raw_count": COUNT,
+    "unique_actors": COUNT,
     "unique_actors_exact": "bool",
-    "raw_count": "int64",
     "from_previous": "float64",  # NaN: first step, or the previous step had no actors
     "from_first": "float64",
 }
@@ -168,10 +166,10 @@ def report_frames(report: MeasurementReport) -> ReportFrames:
             ],
             TOTALS_DTYPES,
         ),
-        daily=typed_frame([(cid, *point) for point in report.daily], DAILY_DTYPES),
+        daily=typed_frame([(d, cid, *rest) for d, *rest in report.daily], DAILY_DTYPES),
         funnel=typed_frame(
             [
-                (cid, f.stage, f.unique_actors, f.unique_actors_exact, f.raw_count, f.from_previous, f.from_first)
+                (cid, f.stage, f.raw_count, f.unique_actors, f.unique_actors_exact, f.from_previous, f.from_first)
                 for f in report.funnel
             ],
             FUNNEL_DTYPES,

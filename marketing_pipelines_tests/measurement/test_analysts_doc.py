@@ -1,8 +1,15 @@
-"""docs/ANALYSTS.md runs as written: its sql, python and CLI blocks against a seeded database, on both databases.
+"""docs/ANALYSTS.md runs as written on the data a newcomer has: every sql, python and console block after
+``marketing-pipelines demo``, on both databases, and each returns rows.
 
-Python blocks run in a new interpreter whose MARKETING_DATABASE_URL points at the seeded test database, as
-an analyst's notebook would have it. Blocks marked ``# needs: definitions`` load
-``marketing_pipelines.definitions``.
+On SQLite the blocks run in the folder where the demo ran, without MARKETING_DATABASE_URL: the embedded
+default a newcomer has. On PostgreSQL the demo and the blocks get MARKETING_DATABASE_URL. Python blocks run
+in a new interpreter, as an analyst's notebook would; blocks marked ``# needs: definitions`` load
+``marketing_pipelines.definitions``. Console lines run through bash, so their ``$(date ...)`` and ``>`` are
+the shell's. A sql block whose first line names a database (``-- PostgreSQL:``, ``-- SQLite:``) runs on that
+one only: the two write "seven days ago" differently.
+
+The demo runs once per database for the module (it takes seconds); on PostgreSQL in the session's
+database, emptied first as the ``pg_url`` fixture does, since ``pg_url`` lives for one test only.
 """
 
 import csv
@@ -13,31 +20,36 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pandas as pd
 import pytest
 import sqlalchemy as sa
-from click.testing import CliRunner
 
-from marketing_pipelines.cli import main
-from marketing_pipelines.measurement.frames import ReportFrames, rollup_frame
-from marketing_pipelines.measurement.rollup import replace_rollup_day
-from marketing_pipelines_tests.measurement.test_frames import (
-    DAYS,
-    UTM,
-    add_pageviews,
-    generated,
-    seed_events,
-)
+from marketing_pipelines.db.engine import get_engine
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.db.schema import metadata
+from marketing_pipelines.demo import run_demo
+from marketing_pipelines.measurement.assets import ROLLUP_IO_MANAGER, measurement_daily
+from marketing_pipelines.measurement.frames import ReportFrames, RollupFrameIOManager, rollup_frame
+from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
+from marketing_pipelines.measurement.importers.plausible import PlausibleClient
+from marketing_pipelines.measurement.report import measurement_report
+from marketing_pipelines.settings import load_settings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ANALYSTS.md"
 FENCED = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
 NEEDS_DEFINITIONS = "# needs: definitions"
 DEFINITIONS_IMPORT = "from marketing_pipelines.definitions import defs\n"
-# Off until measurement_daily_rollup uses io_manager_key "rollup_frames" in marketing_pipelines.definitions.
-CAMPAIGN, FIRST, LAST = "spring-launch", DAYS[0], DAYS[-1]
+CAMPAIGN = "spring-launch"
+DIALECTS = {"PostgreSQL": "postgres", "SQLite": "sqlite"}
+ONLY_ON = re.compile(r"^-- (PostgreSQL|SQLite):")
+A_DAY = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 
 
 def blocks(language: str) -> list[str]:
@@ -52,32 +64,95 @@ CLI = [line[2:] for b in blocks("console") for line in b.splitlines() if line.st
 
 
 def block_id(body: str) -> str:
-    return next(line for line in body.splitlines() if line.strip() and not line.startswith("# needs"))[:60]
+    # A python block's last line names what it leaves behind; its first lines are the same imports.
+    return body.strip().splitlines()[-1].strip()[:60]
 
 
-@pytest.fixture
-def seeded(engine: sa.Engine) -> sa.Engine:
-    seed_events(engine, generated(), UTM)
-    add_pageviews(engine, DAYS)
-    for day in DAYS:
-        replace_rollup_day(engine, day)
-    return engine
+def dialects(sql: str) -> list[str]:
+    only = ONLY_ON.match(sql)
+    return [DIALECTS[only.group(1)]] if only else list(DIALECTS.values())
+
+
+# (database, block): each sql block, by its place in the doc, on the database it is written for.
+SQL_CASES = [pytest.param(dialect, sql, id=f"{dialect}-{n}") for n, sql in enumerate(SQL) for dialect in dialects(sql)]
+
+
+def doc_window(today: date | None = None) -> tuple[date, date]:
+    """The doc's days: the last seven complete UTC days before today, the ones the demo seeds."""
+    today = today or datetime.now(UTC).date()
+    return today - timedelta(days=7), today - timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class Demo:
+    """The database ``marketing-pipelines demo`` filled, and how a block reaches it."""
+
+    url: str
+    folder: Path  # where the demo ran: its Dagster home, and on SQLite its embedded database
+    env: dict[str, str] = field(default_factory=dict)  # the MARKETING_ variables a block sees
+
+    @property
+    def engine(self) -> sa.Engine:
+        return get_engine(self.url)
+
+
+def emptied(url: str) -> str:
+    # What the pg_url fixture does before each test: the session's database is shared by every module.
+    tables = ", ".join(f'"{t.name}"' for t in metadata.sorted_tables)
+    with get_engine(url).begin() as conn:
+        conn.execute(sa.text(f"TRUNCATE {tables} RESTART IDENTITY CASCADE"))
+    return url
+
+
+def demo_in(folder: Path, found: Demo) -> Iterator[Demo]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)  # the demo's Dagster home is .marketing/dagster_home under the current directory
+        run_demo(echo=lambda line: None, settings=load_settings(database_url=found.url))
+    yield found
+    found.engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def sqlite_demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    folder = tmp_path_factory.mktemp("demo-sqlite")
+    # The embedded default of this folder: the blocks run here without MARKETING_DATABASE_URL.
+    yield from demo_in(folder, Demo(f"sqlite:///{folder / '.marketing' / 'marketing.db'}", folder))
+
+
+@pytest.fixture(scope="module")
+def postgres_demo(pg_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Demo]:
+    folder, url = tmp_path_factory.mktemp("demo-postgres"), emptied(pg_database)
+    yield from demo_in(folder, Demo(url, folder, {"MARKETING_DATABASE_URL": url}))
+
+
+@pytest.fixture(params=list(DIALECTS.values()))
+def demo(request: pytest.FixtureRequest) -> Demo:
+    """A test on both databases (as ``db_url``), each demo run once for the module."""
+    return request.getfixturevalue(f"{request.param}_demo")
 
 
 def test_the_doc_has_every_kind_of_block() -> None:
-    assert len(SQL) >= 2 and len(PYTHON_PLAIN) >= 2 and len(PYTHON_DEFINITIONS) >= 2 and len(CLI) >= 1
-    # The examples must name what the seeded database holds, or they would pass on empty results.
+    assert len(SQL) >= 2 and len(PYTHON_PLAIN) >= 2 and len(PYTHON_DEFINITIONS) >= 2 and len(CLI) >= 2
+    # Every sql example exists for both databases.
+    assert sorted(d for sql in SQL for d in dialects(sql)) == sorted([*DIALECTS.values()] * (len(SQL) // 2))
     for body in [*SQL, *PYTHON, *CLI]:
+        # The examples name what the demo seeds, or they would pass on empty results.
         assert CAMPAIGN in body or "defs." in body, body
+        # Days follow today, as the demo's do: a written day would fall out of the demo's week.
+        assert not A_DAY.search(body), body
 
 
-@pytest.mark.parametrize("sql", SQL, ids=block_id)
-def test_sql_block(seeded: sa.Engine, sql: str) -> None:
-    with seeded.connect() as conn:
+@pytest.mark.slow
+@pytest.mark.parametrize(("demo", "sql"), SQL_CASES, indirect=["demo"])
+def test_sql_block(demo: Demo, sql: str) -> None:
+    with demo.engine.connect() as conn:
+        # Today as the example's database counts it (PostgreSQL: in the session's time zone).
+        today = date.fromisoformat(str(conn.execute(sa.text("SELECT CURRENT_DATE")).scalar_one()))
         result = conn.execute(sa.text(sql))
         columns, rows = list(result.keys()), result.all()
-    assert rows, "the example returns nothing on the seeded database"
-    frame = rollup_frame(seeded, campaign_id=CAMPAIGN, start=FIRST, end=LAST)
+    assert rows, "the example returns nothing after the demo"
+    first, last = doc_window(today)
+    frame = rollup_frame(demo.engine, campaign_id=CAMPAIGN, start=first, end=last)
     if "unique_actors" in columns:
         expected = [
             (r.day.date().isoformat(), r.source, r.stage, r.event_type, r.raw_count, as_int(r.unique_actors))
@@ -91,33 +166,79 @@ def test_sql_block(seeded: sa.Engine, sql: str) -> None:
         assert {(r.stage, r.event_type): int(r.events) for r in rows} == {k: int(v) for k, v in sums.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", PYTHON_PLAIN, ids=block_id)
-def test_python_block(seeded: sa.Engine, db_url: str, tmp_path: Path, source: str) -> None:
-    namespace = run(source, db_url, tmp_path)
-    check_results(namespace)
+def test_python_block(demo: Demo, tmp_path: Path, source: str) -> None:
+    check_results(run(source, demo, tmp_path))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", PYTHON_DEFINITIONS, ids=block_id)
-def test_python_block_with_the_real_definitions(seeded: sa.Engine, db_url: str, tmp_path: Path, source: str) -> None:
+def test_python_block_with_the_real_definitions(demo: Demo, tmp_path: Path, source: str) -> None:
     # The code location's own defs: measurement_daily_rollup is loaded through RollupFrameIOManager.
     assert DEFINITIONS_IMPORT in source
-    frame = run(source, db_url, tmp_path)["rollup"]
+    frame = run(source, demo, tmp_path)["rollup"]
+    assert not frame.empty, "the block loaded no rows"
     days = sorted({d.date() for d in frame["day"]})
-    assert days, "the block loaded no rows"
-    pd.testing.assert_frame_equal(frame, rollup_frame(seeded, start=days[0], end=days[-1]))
+    first, last = doc_window()
+    assert first <= days[0] and days[-1] <= last
+    pd.testing.assert_frame_equal(frame, rollup_frame(demo.engine, start=days[0], end=days[-1]))
 
 
-@pytest.mark.parametrize("command", CLI)
-def test_cli_line(seeded: sa.Engine, db_url: str, command: str) -> None:
+@pytest.mark.slow
+@pytest.mark.parametrize("command", CLI, ids=lambda command: "csv" if "--format csv" in command else "table")
+def test_cli_line(demo: Demo, command: str) -> None:
     args = shlex.split(command)
-    args = args[1 : args.index(">")] if ">" in args else args[1:]
-    result = CliRunner(env={"MARKETING_DATABASE_URL": db_url}).invoke(main, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MARKETING_")}
+    env = {**env, **demo.env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
+    # Through bash, as typed: the line's $(date ...) and > are the shell's.
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=demo.folder, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    output = (demo.folder / args[args.index(">") + 1]).read_text() if ">" in args else done.stdout
     if "csv" in args:
-        rows = list(csv.DictReader(io.StringIO(result.output)))
+        frame = rollup_frame(demo.engine, campaign_id=CAMPAIGN, start=doc_window()[0], end=doc_window()[1])
+        rows = list(csv.DictReader(io.StringIO(output)))
         assert {r["section"] for r in rows} == {"total", "daily", "funnel"}
-        daily = rollup_frame(seeded, campaign_id=CAMPAIGN, start=FIRST, end=LAST)
-        assert sum(int(r["raw_count"]) for r in rows if r["section"] == "daily") == daily["raw_count"].sum()
+        daily = [r for r in rows if r["section"] == "daily"]
+        assert daily, "the CSV has no daily rows after the demo"
+        assert {date.fromisoformat(r["day"]) for r in daily} == {d.date() for d in frame["day"]}
+        assert sum(int(r["raw_count"]) for r in daily) == frame["raw_count"].sum()
+    else:
+        # The table without --from/--to: every rolled-up day of the campaign, one line per daily row.
+        frame = rollup_frame(demo.engine, campaign_id=CAMPAIGN)
+        first, last = frame["day"].min().date(), frame["day"].max().date()
+        lines = output.splitlines()
+        assert "No rollup rows" not in output, output
+        assert lines[0] == f"Campaign {CAMPAIGN}, {first} .. {last} (UTC days)", output
+        assert len(lines) - lines.index("Daily") - 2 == len(frame) > 0, output
+
+
+@pytest.mark.slow
+def test_the_three_frames_agree_after_the_demo(demo: Demo) -> None:
+    # One campaign and day, three ways: rollup_frame, the report's to_frames() and the asset's load.
+    day = doc_window()[1]
+    direct = rollup_frame(demo.engine, campaign_id=CAMPAIGN, start=day, end=day)
+    assert not direct.empty
+    with demo.engine.connect() as conn:
+        report = measurement_report(conn, CAMPAIGN, day, day).to_frames()
+    resources = {
+        "app_db": AppDatabase(url=demo.url),
+        "plausible": PlausibleClient(),
+        "github": GitHubReleasesClient(),
+        ROLLUP_IO_MANAGER: RollupFrameIOManager(url=demo.url),
+    }
+    defs = dg.Definitions(assets=[measurement_daily], resources=resources)
+    loaded = defs.load_asset_value("measurement_daily_rollup", partition_key=day.isoformat())
+    loaded = loaded[loaded["campaign_id"] == CAMPAIGN].reset_index(drop=True)
+
+    pd.testing.assert_frame_equal(loaded, direct)
+    # Same columns in the same order with the same dtypes and values; the report's has no rolled_up_at.
+    pd.testing.assert_frame_equal(report.daily, direct.drop(columns="rolled_up_at"))
+    # Every count of every frame is the one nullable integer dtype.
+    for frame in (direct, report.totals, report.daily, report.funnel):
+        assert {str(frame[c].dtype) for c in ("raw_count", "unique_actors")} == {"Int64"}
 
 
 # Runs in the new interpreter: execs the block, then keeps the tables it left behind for the checks.
@@ -134,13 +255,14 @@ with open(out, "wb") as f:
 """
 
 
-def run(source: str, db_url: str, tmp_path: Path) -> dict[str, Any]:
+def run(source: str, demo: Demo, tmp_path: Path) -> dict[str, Any]:
     out = tmp_path / "namespace.pickle"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARKETING_")}
     done = subprocess.run(
         [sys.executable, "-c", RUNNER, str(out)],
         input=source,
-        env={**env, "MARKETING_DATABASE_URL": db_url},
+        cwd=demo.folder,
+        env={**env, **demo.env},
         capture_output=True,
         text=True,
         timeout=300,
@@ -152,17 +274,18 @@ def run(source: str, db_url: str, tmp_path: Path) -> dict[str, Any]:
 
 
 def check_results(namespace: dict[str, Any]) -> None:
-    """Every DataFrame (or Series) the block left behind holds seeded data, and only the example's campaign."""
+    """Every DataFrame (or Series) the block left behind holds the demo's rows of the doc's days and campaign."""
     values = [v for v in namespace.values() if isinstance(v, pd.DataFrame | pd.Series | ReportFrames)]
     assert values, "the block leaves no DataFrame behind"
+    first, last = doc_window()
     for value in values:
         parts = [value.totals, value.daily, value.funnel] if isinstance(value, ReportFrames) else [value]
         for part in parts:
-            assert not part.empty
+            assert not part.empty, "the block's frame is empty after the demo"
             if isinstance(part, pd.DataFrame) and "campaign_id" in part.columns:
                 assert set(part["campaign_id"]) == {CAMPAIGN}
             if isinstance(part, pd.DataFrame) and "day" in part.columns:
-                assert {d.date() for d in part["day"]} <= set(DAYS)
+                assert all(first <= d.date() <= last for d in part["day"])
 
 
 def as_int(value: Any) -> int | None:

@@ -108,7 +108,7 @@ def assert_rollup_dtypes(frame: pd.DataFrame) -> None:
         "source": "str",
         "stage": "str",
         "event_type": "str",
-        "raw_count": "int64",
+        "raw_count": "Int64",
         "unique_actors": "Int64",
         "rolled_up_at": "datetime64[ns, UTC]",
     }
@@ -171,9 +171,13 @@ def test_to_frames_carries_the_reports_values(engine: sa.Engine, rolled_up: list
 
     assert frames.totals["unique_actors_exact"].dtype == bool
     assert frames.funnel["unique_actors_exact"].dtype == bool
-    assert str(frames.totals["unique_actors"].dtype) == "Int64"
-    assert str(frames.daily["day"].dtype) == "datetime64[ns]"
+    # One integer dtype for every count of every frame, as rollup_frame has it.
+    for frame in (frames.totals, frames.daily, frames.funnel):
+        assert {str(frame[c].dtype) for c in ("raw_count", "unique_actors")} == {"Int64"}
     assert set(frames.totals["campaign_id"]) == set(frames.daily["campaign_id"]) == {"spring-launch"}
+    # The daily points are rollup_frame's rows, columns, order and dtypes, less rolled_up_at.
+    direct = rollup_frame(engine, campaign_id="spring-launch", start=DAYS[0], end=DAYS[-1])
+    pd.testing.assert_frame_equal(frames.daily, direct.drop(columns="rolled_up_at"))
 
     assert [
         (t.source, t.stage, t.event_type, t.raw_count, as_int(t.unique_actors), t.unique_actors_exact)
