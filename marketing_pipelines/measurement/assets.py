@@ -18,7 +18,6 @@ from marketing_pipelines.measurement.checks import (
     DOWNLOADS_KEY,
     FIRST_PARTY_COUNT_MATCHES,
     NO_UNFLAGGED_NEGATIVE_DELTA,
-    ROLLUP_CHECK_SPECS,
     ROLLUP_KEY,
     SITE_CHECK_SPECS,
     SITE_COUNTS_CONSISTENT,
@@ -28,6 +27,8 @@ from marketing_pipelines.measurement.checks import (
     check_no_unflagged_negative_delta,
     check_site_counts,
     check_unique_actors_within_raw_count,
+    on_partition,
+    rollup_check_specs,
 )
 from marketing_pipelines.measurement.funnel import funnel_markdown
 from marketing_pipelines.measurement.importers.base import Importer
@@ -39,6 +40,8 @@ from marketing_pipelines.measurement.importers_db import (
     replace_site_analytics_day,
 )
 from marketing_pipelines.measurement.rollup import replace_rollup_days
+from marketing_pipelines.measurement.rollup.daily import MAX_SHOWN_COUNTS, RollupSummary
+from marketing_pipelines.redact import visible_controls
 from marketing_pipelines.settings import current_settings
 
 GROUP = "measurement"
@@ -148,6 +151,7 @@ ROLLUP_SPEC = dg.AssetSpec(
     skippable=True,
     # Loading the asset (defs.load_asset_value, a downstream asset) reads the table as a DataFrame.
 ).with_io_manager_key(ROLLUP_IO_MANAGER)
+ROLLUP_CHECK_SPECS = rollup_check_specs(measurement_partitions)
 
 
 # Each importer's asset and its checks, in the order a run imports them.
@@ -189,7 +193,7 @@ def build_measurement_daily(
     )
     def measurement_daily(
         context: dg.AssetExecutionContext, app_db: AppDatabase, plausible: PlausibleClient, github: GitHubReleasesClient
-    ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
+    ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output[None]]:
         """The importers, then the rollup, for the run's days (one, or a backfill run's range).
 
         One step for the three assets, not three assets, because an asset that materializes nothing (an
@@ -332,7 +336,7 @@ def release_downloads(
 
 def rollup(
     context: dg.AssetExecutionContext, engine: sa.Engine, days: Sequence[date]
-) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
+) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation | dg.Output[None]]:
     # Idempotent: each day is deleted and rebuilt in its own transaction, then each week once.
     summaries = replace_rollup_days(engine, days)
     with engine.connect() as conn:
@@ -341,9 +345,12 @@ def rollup(
                 ROLLUP_KEY,
                 partition=summary.day.isoformat(),
                 metadata={"funnel": dg.MetadataValue.md(funnel_markdown(conn, summary.day))}
+                | _counts_metadata(summary)
                 | _ints(
                     {
                         "rows": summary.rows,
+                        "events": summary.events,
+                        "event_types": summary.event_types,
                         "first_party_rows": summary.first_party_rows,
                         "first_party_events": summary.first_party_events,
                         "unique_actors_sum": summary.unique_actors_sum,
@@ -355,14 +362,66 @@ def rollup(
                 )
                 | {"week_start": dg.MetadataValue.text(summary.week_start.isoformat())},
             )
-        if _selected(context, ROLLUP_KEY, FIRST_PARTY_COUNT_MATCHES):
-            yield check_first_party_count(conn, days)
-        if _selected(context, ROLLUP_KEY, UNIQUE_ACTORS_WITHIN_RAW_COUNT):
-            yield check_unique_actors_within_raw_count(conn, days)
+        checks = {
+            name: check(conn, days)
+            for name, check in (
+                (FIRST_PARTY_COUNT_MATCHES, check_first_party_count),
+                (UNIQUE_ACTORS_WITHIN_RAW_COUNT, check_unique_actors_within_raw_count),
+            )
+            if _selected(context, ROLLUP_KEY, name)
+        }
+    # One result per check and day, on the day's partition (after the day's materialization, which it names).
+    for name, results in checks.items():
+        for day, result in results.items():
+            yield on_partition(context.instance, result, day)
+        # The check's output, as Dagster yields it for an AssetCheckResult (else the run logs it as missing).
+        output = context.assets_def.get_output_name_for_asset_check_key(dg.AssetCheckKey(ROLLUP_KEY, name))
+        yield dg.Output(None, output)
     context.log.info(
         f"Rolled up {_span(days)}: {sum(s.first_party_events for s in summaries)} events into "
         f"{sum(s.rows for s in summaries)} rows."
     )
+
+
+COUNTS_SCHEMA = dg.TableSchema(
+    columns=[
+        dg.TableColumn("campaign_id", "string"),
+        dg.TableColumn("source", "string", description="first_party, site_analytics or github_releases"),
+        dg.TableColumn("stage", "string"),
+        dg.TableColumn("event_type", "string"),
+        dg.TableColumn("raw_count", "int", description="Events (pageviews, downloads) of the day"),
+        dg.TableColumn("unique_actors", "int", description="Exact distinct actors of the day; empty for imported rows"),
+    ]
+)
+
+
+def _counts_metadata(summary: RollupSummary) -> dict[str, dg.MetadataValue]:
+    """The day's rows as a table (``counts``): what an analyst asks of one day, in the UI.
+
+    Text comes from event files, so control characters are written visibly. A day of more than
+    MAX_SHOWN_COUNTS rows shows its largest and says so (``rows_shown`` of ``rows_total``).
+    """
+    records = [
+        dg.TableRecord(
+            {
+                "campaign_id": visible_controls(c.campaign_id),
+                "source": visible_controls(c.source),
+                "stage": visible_controls(c.stage),
+                "event_type": visible_controls(c.event_type),
+                "raw_count": c.raw_count,
+                "unique_actors": c.unique_actors,
+            }
+        )
+        for c in summary.counts
+    ]
+    metadata: dict[str, dg.MetadataValue] = {"counts": dg.MetadataValue.table(records, schema=COUNTS_SCHEMA)}
+    if len(records) < summary.rows:
+        metadata |= _ints({"rows_shown": len(records), "rows_total": summary.rows})
+        metadata["counts_note"] = dg.MetadataValue.text(
+            f"The {len(records)} largest rows by raw_count of {summary.rows} (at most {MAX_SHOWN_COUNTS} are shown); "
+            "the report and the measurement_daily_rollup table hold them all."
+        )
+    return metadata
 
 
 measurement_daily_job = dg.define_asset_job(

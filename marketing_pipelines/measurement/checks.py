@@ -1,17 +1,27 @@
 """Asset checks of the measurement assets: the invariants a partition must hold after it is written.
 
-They run inside the materialization (``check_specs`` on the assets), one result per check and run:
-a run of one day checks that day, a backfill run of a range checks every day of it and names the
-failing days in the result's metadata. They read the database afresh after the write committed:
-a late event that lands meanwhile shows up as a failed count check until the
-late-events sensor re-runs the day.
+They run inside the materialization (``check_specs`` on the assets) and read the database afresh
+after the write committed: a late event that lands meanwhile shows up as a failed count check until
+the late-events sensor re-runs the day.
+
+The rollup's checks are partitioned like the rollup (``rollup_check_specs``): each day of a run gets
+its own result on its own partition, so the UI shows a failing day on that day, a backfill run's
+range included. The importers' checks give one result per check and run, naming the failing days
+in its metadata.
 """
 
+import warnings
 from collections.abc import Sequence
 from datetime import date
 
 import dagster as dg
 import sqlalchemy as sa
+
+# Dagster 1.13 exports AssetCheckEvaluation but not the record naming the materialization it checked. Without
+# it the UI takes a partition's result as stale and shows no status there (AssetCheckPartitionInfo.is_current).
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
 
 from marketing_pipelines.db.schema import github_release_download_daily, measurement_daily_rollup, site_analytics_daily
 from marketing_pipelines.measurement.rollup import events_per_day, rollup_first_party_per_day
@@ -25,18 +35,31 @@ UNIQUE_ACTORS_WITHIN_RAW_COUNT = "unique_actors_within_raw_count"
 NO_UNFLAGGED_NEGATIVE_DELTA = "no_unflagged_negative_download_delta"
 SITE_COUNTS_CONSISTENT = "site_counts_consistent"
 
-ROLLUP_CHECK_SPECS = [
-    dg.AssetCheckSpec(
-        FIRST_PARTY_COUNT_MATCHES,
-        asset=ROLLUP_KEY,
-        description="The day's first-party raw_count total equals the number of events that occurred that UTC day.",
-    ),
-    dg.AssetCheckSpec(
-        UNIQUE_ACTORS_WITHIN_RAW_COUNT,
-        asset=ROLLUP_KEY,
-        description="No rollup row of the day has more unique actors than events.",
-    ),
-]
+
+def rollup_check_specs(partitions_def: dg.PartitionsDefinition) -> list[dg.AssetCheckSpec]:
+    """The rollup's checks, partitioned by ``partitions_def`` (the rollup's own): one result per day."""
+    with warnings.catch_warnings():
+        # "partitions_def on an AssetCheckSpec is in preview": Dagster is pinned exactly, and
+        # test_rollup_metadata.py holds the per-partition results the UI reads.
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        return [
+            dg.AssetCheckSpec(
+                FIRST_PARTY_COUNT_MATCHES,
+                asset=ROLLUP_KEY,
+                description=(
+                    "The day's first-party raw_count total equals the number of events that occurred that UTC day."
+                ),
+                partitions_def=partitions_def,
+            ),
+            dg.AssetCheckSpec(
+                UNIQUE_ACTORS_WITHIN_RAW_COUNT,
+                asset=ROLLUP_KEY,
+                description="No rollup row of the day has more unique actors than events.",
+                partitions_def=partitions_def,
+            ),
+        ]
+
+
 DOWNLOAD_CHECK_SPECS = [
     dg.AssetCheckSpec(
         NO_UNFLAGGED_NEGATIVE_DELTA,
@@ -72,40 +95,75 @@ def _days_metadata(days: Sequence[date]) -> dict[str, dg.MetadataValue]:
     }
 
 
-def check_first_party_count(conn: sa.Connection, days: Sequence[date]) -> dg.AssetCheckResult:
-    """Per day of ``days``: the rollup's first-party raw_count equals the day's events. One result for the range."""
+def check_first_party_count(conn: sa.Connection, days: Sequence[date]) -> dict[date, dg.AssetCheckResult]:
+    """Each day of ``days``: the rollup's first-party raw_count equals the day's events. Two queries for the range."""
     events, rolled_up = events_per_day(conn, days), rollup_first_party_per_day(conn, days)
-    failing = [day for day in days if events[day] != rolled_up[day]]
-    return dg.AssetCheckResult(
-        check_name=FIRST_PARTY_COUNT_MATCHES,
-        asset_key=ROLLUP_KEY,
-        passed=not failing,
-        # Late events are expected between a write and the sensor's re-run; a warning, not an error.
-        severity=dg.AssetCheckSeverity.WARN,
-        metadata={
-            "events": dg.MetadataValue.int(sum(events.values())),
-            "rollup_raw_count": dg.MetadataValue.int(sum(rolled_up.values())),
-            **_days_metadata(failing),
-        },
-    )
+    return {
+        day: dg.AssetCheckResult(
+            check_name=FIRST_PARTY_COUNT_MATCHES,
+            asset_key=ROLLUP_KEY,
+            passed=events[day] == rolled_up[day],
+            # Late events are expected between a write and the sensor's re-run; a warning, not an error.
+            severity=dg.AssetCheckSeverity.WARN,
+            metadata={
+                "events": dg.MetadataValue.int(events[day]),
+                "rollup_raw_count": dg.MetadataValue.int(rolled_up[day]),
+            },
+        )
+        for day in days
+    }
 
 
-def check_unique_actors_within_raw_count(conn: sa.Connection, days: Sequence[date]) -> dg.AssetCheckResult:
+def check_unique_actors_within_raw_count(conn: sa.Connection, days: Sequence[date]) -> dict[date, dg.AssetCheckResult]:
+    """Each day of ``days``: no rollup row has more unique actors than events. One query for the range."""
     r = measurement_daily_rollup
-    bad = conn.execute(
-        sa.select(r.c.day, sa.func.count())
-        .where(r.c.day.in_(list(days)), r.c.unique_actors > r.c.raw_count)
-        .group_by(r.c.day)
-        .order_by(r.c.day)
-    ).all()
-    return dg.AssetCheckResult(
-        check_name=UNIQUE_ACTORS_WITHIN_RAW_COUNT,
-        asset_key=ROLLUP_KEY,
-        passed=not bad,
-        metadata={
-            "violating_rows": dg.MetadataValue.int(sum(n for _, n in bad)),
-            **_days_metadata([d for d, _ in bad]),
-        },
+    bad = dict(
+        conn.execute(
+            sa.select(r.c.day, sa.func.count())
+            .where(r.c.day.in_(list(days)), r.c.unique_actors > r.c.raw_count)
+            .group_by(r.c.day)
+        ).all()
+    )
+    return {
+        day: dg.AssetCheckResult(
+            check_name=UNIQUE_ACTORS_WITHIN_RAW_COUNT,
+            asset_key=ROLLUP_KEY,
+            passed=not bad.get(day),
+            metadata={"violating_rows": dg.MetadataValue.int(int(bad.get(day, 0)))},
+        )
+        for day in days
+    }
+
+
+def on_partition(instance: dg.DagsterInstance, result: dg.AssetCheckResult, day: date) -> dg.AssetCheckEvaluation:
+    """``result`` as its check's evaluation on ``day``'s partition, against that partition's latest materialization.
+
+    A run yields an AssetCheckResult at most once per check, and Dagster gives it the run's partition,
+    which a backfill run over a range does not have: the result would land on no partition at all.
+    Yield this after the day's materialization: it reads that back (as Dagster does for a result).
+    """
+    if result.asset_key is None or result.check_name is None:
+        raise ValueError("a partitioned check result needs its asset_key and check_name")
+    partition = day.isoformat()
+    latest = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=result.asset_key, asset_partitions=[partition]), limit=1
+    ).records
+    return dg.AssetCheckEvaluation(
+        asset_key=result.asset_key,
+        check_name=result.check_name,
+        passed=result.passed,
+        metadata=result.metadata,
+        target_materialization_data=(
+            AssetCheckEvaluationTargetMaterializationData(
+                run_id=latest[0].run_id, storage_id=latest[0].storage_id, timestamp=latest[0].timestamp
+            )
+            if latest
+            else None
+        ),
+        severity=result.severity,
+        description=result.description,
+        blocking=False,  # as the rollup's specs (a blocking check would also need the spec's flag here)
+        partition=partition,
     )
 
 

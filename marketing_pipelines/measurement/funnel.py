@@ -18,6 +18,7 @@ from marketing_pipelines.db.schema import measurement_daily_rollup
 from marketing_pipelines.measurement import sketches
 from marketing_pipelines.measurement.range_sums import Key, KeyRange, Sketch, range_uniques
 from marketing_pipelines.measurement.rollup import FIRST_PARTY
+from marketing_pipelines.redact import visible_controls
 
 
 @dataclass(frozen=True)
@@ -181,5 +182,6 @@ _MARKDOWN_SPECIAL = str.maketrans({c: f"\\{c}" for c in "\\|`*_[]<>#~"})
 
 
 def _md_cell(text: str) -> str:
-    # Stage names come from event files: keep them from breaking the table or adding markup.
-    return " ".join(text.split()).translate(_MARKDOWN_SPECIAL)
+    # Stage names come from event files: keep them from breaking the table or adding markup, and their
+    # control characters visible (written \\xNN before the escaping, so the backslash shows too).
+    return visible_controls(" ".join(text.split())).translate(_MARKDOWN_SPECIAL)

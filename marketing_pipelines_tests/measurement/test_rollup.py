@@ -168,8 +168,8 @@ def test_count_check_fails_after_a_late_event_and_unique_check_on_a_bad_row(engi
     day = DAYS[0]
     replace_rollup_day(engine, day)
     with engine.connect() as conn:
-        assert check_first_party_count(conn, [day]).passed
-        assert check_unique_actors_within_raw_count(conn, [day]).passed
+        assert check_first_party_count(conn, [day])[day].passed
+        assert check_unique_actors_within_raw_count(conn, [day])[day].passed
     with engine.begin() as conn:
         record_events(
             conn,
@@ -191,10 +191,10 @@ def test_count_check_fails_after_a_late_event_and_unique_check_on_a_bad_row(engi
             .values(unique_actors=r.c.raw_count + 1)
         )
     with engine.connect() as conn:
-        count_check = check_first_party_count(conn, [day])
+        count_check = check_first_party_count(conn, [day])[day]
         assert not count_check.passed and count_check.check_name == FIRST_PARTY_COUNT_MATCHES
         assert count_check.metadata["events"].value == count_check.metadata["rollup_raw_count"].value + 1
-        assert not check_unique_actors_within_raw_count(conn, [day]).passed
+        assert not check_unique_actors_within_raw_count(conn, [day])[day].passed
 
 
 @pytest.mark.parametrize("day", [DAYS[1]])

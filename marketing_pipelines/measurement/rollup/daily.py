@@ -36,6 +36,9 @@ SITE_STAGE, SITE_EVENT_TYPE = "site", "pageview"
 RELEASE_STAGE, RELEASE_EVENT_TYPE = "release", "download"
 
 RowKey = tuple[str, str, str]  # campaign_id, stage, event_type
+# A day's rows shown in its materialization's metadata, at most (the largest by raw_count): the event log
+# keeps every materialization, so a day of many campaigns and event types must not write a table of thousands.
+MAX_SHOWN_COUNTS = 200
 
 
 def _in_day(day: date) -> sa.ColumnElement[bool]:
@@ -129,6 +132,18 @@ _ROLLUP_COLUMNS = [
 
 
 @dataclass(frozen=True)
+class DayCount:
+    """One rollup row of a day without its sketch: what the materialization's counts table shows."""
+
+    campaign_id: str
+    source: str
+    stage: str
+    event_type: str
+    raw_count: int
+    unique_actors: int | None  # None for imported rows, whose actors are unknown
+
+
+@dataclass(frozen=True)
 class RollupSummary:
     day: date
     rows: int
@@ -140,6 +155,10 @@ class RollupSummary:
     campaigns: int
     week_start: date
     week_rows: int  # measurement_weekly_sketch rows of the day's week after its refresh
+    events: int  # raw_count of every row of the day, all sources
+    event_types: int  # distinct event types of the day, all sources
+    # The day's largest rows (at most MAX_SHOWN_COUNTS), read in the transaction that wrote them.
+    counts: tuple[DayCount, ...]
 
 
 @contextmanager
@@ -176,11 +195,36 @@ def replace_rollup_days(engine: sa.Engine, days: Sequence[date]) -> list[RollupS
     """
     built = [(day, _replace_day(engine, day)) for day in days]
     week_rows = {monday: refresh_week(engine, monday) for monday in sorted({week_start(day) for day in days})}
-    return [_summary(day, totals, campaigns, week_rows[week_start(day)]) for day, (totals, campaigns) in built]
+    return [_summary(day, written, week_rows[week_start(day)]) for day, written in built]
 
 
-def _replace_day(engine: sa.Engine, day: date) -> tuple[list[sa.Row[Any]], int]:
-    """One day's delete-and-rebuild in its own transaction; returns its totals by source and its campaign count."""
+@dataclass(frozen=True)
+class _DayWritten:
+    totals: list[sa.Row[Any]]  # by source
+    campaigns: int
+    event_types: int
+    counts: tuple[DayCount, ...]
+
+
+def day_counts(conn: sa.Connection, day: date, limit: int = MAX_SHOWN_COUNTS) -> tuple[DayCount, ...]:
+    """The largest ``limit`` rollup rows of ``day`` by raw_count, sorted by campaign, source, stage and event type.
+
+    One query through the primary key (``day`` leads it); the sketches are not read.
+    """
+    r = measurement_daily_rollup
+    keys = (r.c.campaign_id, r.c.source, r.c.stage, r.c.event_type)
+    largest = (
+        sa.select(*keys, r.c.raw_count, r.c.unique_actors)
+        .where(r.c.day == day)
+        .order_by(r.c.raw_count.desc(), *keys)
+        .limit(limit)
+    )
+    counts = [DayCount(*row) for row in conn.execute(largest)]
+    return tuple(sorted(counts, key=lambda c: (c.campaign_id, c.source, c.stage, c.event_type)))
+
+
+def _replace_day(engine: sa.Engine, day: date) -> _DayWritten:
+    """One day's delete-and-rebuild in its own transaction; returns what it wrote, as the metadata shows it."""
     now = datetime.now(UTC)
     r = measurement_daily_rollup
     with partition_transaction(engine) as conn:
@@ -244,11 +288,17 @@ def _replace_day(engine: sa.Engine, day: date) -> tuple[list[sa.Row[Any]], int]:
             .where(r.c.day == day)
             .group_by(r.c.source)
         ).all()
-        campaigns = conn.execute(sa.select(sa.func.count(sa.distinct(r.c.campaign_id))).where(r.c.day == day)).scalar()
-    return list(totals), int(campaigns or 0)
+        campaigns, event_types = conn.execute(
+            sa.select(sa.func.count(sa.distinct(r.c.campaign_id)), sa.func.count(sa.distinct(r.c.event_type))).where(
+                r.c.day == day
+            )
+        ).one()
+        counts = day_counts(conn, day)
+    return _DayWritten(list(totals), int(campaigns or 0), int(event_types or 0), counts)
 
 
-def _summary(day: date, totals: list[sa.Row[Any]], campaigns: int, week_rows: int) -> RollupSummary:
+def _summary(day: date, written: _DayWritten, week_rows: int) -> RollupSummary:
+    totals = written.totals
     by_source = {t.source: t for t in totals}
 
     def total(source: str, field: str) -> int:
@@ -263,9 +313,12 @@ def _summary(day: date, totals: list[sa.Row[Any]], campaigns: int, week_rows: in
         unique_actors_sum=total(FIRST_PARTY, "unique_actors"),
         site_pageviews=total(SITE_ANALYTICS, "raw_count"),
         downloads=total(GITHUB_RELEASES, "raw_count"),
-        campaigns=campaigns,
+        campaigns=written.campaigns,
         week_start=week_start(day),
         week_rows=week_rows,
+        events=sum(int(t.raw_count) for t in totals),
+        event_types=written.event_types,
+        counts=written.counts,
     )
 
 
