@@ -8,8 +8,9 @@ force shows under its resource in the Dagster UI, and a test sets a value by bui
 
 Only the values that shape definitions rather than runs are read when the code loads, and they show
 in the UI as what they shape: ``measurement_start_date`` (the partitions),
-``backfill_days_per_run`` (the assets' backfill policy) and ``sensor_interval_seconds`` (each
-claiming sensor's minimum interval).
+``backfill_days_per_run`` (the assets' backfill policy), ``sensor_interval_seconds`` (each
+claiming sensor's minimum interval) and ``late_events_interval_seconds`` (the late-events and
+freshness sensors' minimum interval, and the freshness check's threshold).
 """
 
 from __future__ import annotations
@@ -105,6 +106,13 @@ class Settings(BaseSettings):
     # Chosen from benchmarks/backfill.py (docs/PERFORMANCE.md, section 8).
     backfill_days_per_run: int = Field(
         92, ge=1, le=3660, description="Days of the measurement assets one backfill run covers (BackfillPolicy)."
+    )
+    late_events_interval_seconds: int = Field(
+        300,
+        ge=30,
+        le=3600,
+        description="Minimum seconds between ticks of the late-events sensor, which keeps today's rollup current; "
+        "its freshness check WARNs when an event waits longer than twice this plus 60 s.",
     )
 
     # Unattended operation: queue health thresholds (asset checks on the queue observations), alerts, links.

@@ -25,6 +25,7 @@ IMPORTER_CHECKS = {
 ASSET_CHECKS = {check for check in IMPORTER_CHECKS if check[0] in CONFIGURED} | {
     ("measurement_daily_rollup", "first_party_count_matches_events"),
     ("measurement_daily_rollup", "unique_actors_within_raw_count"),
+    ("measurement_daily_rollup", "today_is_current"),
     ("execution_queue", "due_lag"),
     ("execution_queue", "failed_last_hour"),
     ("agent_run_queue", "due_lag"),
@@ -39,6 +40,7 @@ SENSORS = {
     "agent_run_failure_sensor",
     "agent_run_canceled_sensor",
     "measurement_late_events_sensor",
+    "measurement_freshness_sensor",
     "queue_health_sensor",
     "marketing_alerts_sensor",
 }

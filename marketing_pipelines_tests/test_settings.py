@@ -21,6 +21,7 @@ STRUCTURAL = {
     "measurement_start_date": "the measurement assets' partitions",
     "backfill_days_per_run": "the measurement assets' backfill policy",
     "sensor_interval_seconds": "each claiming sensor's minimum interval",
+    "late_events_interval_seconds": "the late-events and freshness sensors' interval and the freshness threshold",
 }
 # Defaults of what the CLI requests (it reads them itself); no Dagster code reads them.
 CLI_DEFAULTS = {

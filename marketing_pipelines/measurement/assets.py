@@ -219,7 +219,7 @@ def build_measurement_daily(
                 allow_retries=all(failure.allow_retries for _, failure in failures),
             )
         if ROLLUP_KEY in selected:
-            yield from rollup(context, engine, days)
+            yield from rollup(context, engine, days, left_out)
 
     return measurement_daily
 
@@ -335,7 +335,10 @@ def release_downloads(
 
 
 def rollup(
-    context: dg.AssetExecutionContext, engine: sa.Engine, days: Sequence[date]
+    context: dg.AssetExecutionContext,
+    engine: sa.Engine,
+    days: Sequence[date],
+    left_out: Mapping[dg.AssetKey, str] | None = None,
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation | dg.Output[None]]:
     # Idempotent: each day is deleted and rebuilt in its own transaction, then each week once.
     summaries = replace_rollup_days(engine, days)
@@ -360,7 +363,14 @@ def rollup(
                         "weekly_sketch_rows": summary.week_rows,
                     }
                 )
-                | {"week_start": dg.MetadataValue.text(summary.week_start.isoformat())},
+                | {"week_start": dg.MetadataValue.text(summary.week_start.isoformat())}
+                # Each day says which sources it could not include, and what turns each on.
+                | {
+                    "sources_not_configured": dg.MetadataValue.text(
+                        "; ".join(f"{key.to_user_string()}: {reason}" for key, reason in (left_out or {}).items())
+                        or "none"
+                    )
+                },
             )
         checks = {
             name: check(conn, days)

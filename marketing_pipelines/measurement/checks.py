@@ -32,6 +32,8 @@ DOWNLOADS_KEY = dg.AssetKey("github_release_downloads_daily")
 
 FIRST_PARTY_COUNT_MATCHES = "first_party_count_matches_events"
 UNIQUE_ACTORS_WITHIN_RAW_COUNT = "unique_actors_within_raw_count"
+# Evaluated by measurement_freshness_sensor each interval (freshness.py); a rollup run skips its step.
+TODAY_IS_CURRENT_KEY = dg.AssetCheckKey(ROLLUP_KEY, "today_is_current")
 NO_UNFLAGGED_NEGATIVE_DELTA = "no_unflagged_negative_download_delta"
 SITE_COUNTS_CONSISTENT = "site_counts_consistent"
 

@@ -13,6 +13,7 @@ from marketing_pipelines.measurement.assets import (
     measurement_rollup_job,
 )
 from marketing_pipelines.measurement.frames import RollupFrameIOManager
+from marketing_pipelines.measurement.freshness import measurement_freshness_sensor, today_is_current
 from marketing_pipelines.measurement.importers.github import TOKEN_ENV, GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import API_KEY_ENV, SITE_ID_ENV, PlausibleClient
 from marketing_pipelines.measurement.schedules import measurement_daily_schedule
@@ -55,7 +56,8 @@ defs = dg.Definitions(
     assets=[marketing_event_asset, build_measurement_daily(left_out=left_out_importers())],
     jobs=[measurement_daily_job, measurement_rollup_job],
     schedules=[measurement_daily_schedule],
-    sensors=[measurement_late_events_sensor],
+    asset_checks=[today_is_current],
+    sensors=[measurement_late_events_sensor, measurement_freshness_sensor],
     resources={
         **importer_resources(),
         ROLLUP_IO_MANAGER: RollupFrameIOManager(url=env_var_if_set(DATABASE_URL_ENV)),

@@ -107,6 +107,11 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
                 partition_key=day,
             )  # fmt: skip
             assert result.success
+        [materialization] = result.asset_materializations_for_node("measurement_daily")
+        shown = materialization.metadata["sources_not_configured"].value
+        assert shown == "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; " + (
+            "github_release_downloads_daily: set GITHUB_TOKEN"
+        )
         graph = dg.Definitions(assets=[marketing_event_asset, assets], resources=resources).resolve_asset_graph()
         resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
         assert resolver.get_stale_causes(ROLLUP, day) == []
