@@ -33,9 +33,17 @@ class _RedactedRecords(logging.Filter):
         return True
 
 
-# On the "httpx" logger itself, which every httpx client (sync or async) logs its requests to. Installed when
-# this module is first imported: the code location's definitions import it (the providers, the importers).
-logging.getLogger("httpx").addFilter(_RedactedRecords())
+_REDACTED_RECORDS = _RedactedRecords()
+
+
+def redact_httpx_logs() -> None:
+    """Install the redacting filter on the "httpx" logger, which every httpx client (sync or async) logs its
+    requests to. Idempotent; called here for the clients that use this module (the providers, the importers)
+    and by the webhook client, which does not."""
+    logging.getLogger("httpx").addFilter(_REDACTED_RECORDS)  # a filter added twice is kept once
+
+
+redact_httpx_logs()
 
 # 529 is Anthropic's "overloaded".
 RETRYABLE_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504, 529})

@@ -197,9 +197,13 @@ class Settings(BaseSettings):
         if self.secrets_key is not None:
             return self.secrets_key.get_secret_value()
         key_file = self.secrets_key_file()
-        if key_file is not None and key_file.is_file():
-            return key_file.read_text(encoding="ascii").strip() or None
-        return None
+        return read_key_file(key_file) if key_file is not None else None
+
+
+def read_key_file(path: str | Path) -> str | None:
+    """The key text a key file holds (surrounding white space stripped), or None when there is no such file."""
+    path = Path(path)
+    return (path.read_text(encoding="ascii").strip() or None) if path.is_file() else None
 
 
 def dagster_ui_base(url: str | None) -> str | None:

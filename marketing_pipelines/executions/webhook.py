@@ -7,7 +7,6 @@ Dagster nor httpx.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +17,13 @@ import httpx
 from pydantic import Field, field_validator
 
 from marketing_pipelines.egress import ALLOW_SETTING, EgressPolicy, parse_networks
+from marketing_pipelines.http import redact_httpx_logs
 from marketing_pipelines.sealing import KEY_SETTING
-from marketing_pipelines.settings import Settings, env_var_if_set, setting_field, shown_in_ui
+from marketing_pipelines.settings import Settings, env_var_if_set, read_key_file, setting_field, shown_in_ui
+
+# httpx logs each request's whole URL (an endpoint's path is often its token): every webhook and alert
+# POST goes through this client, so it installs the one redacting filter itself.
+redact_httpx_logs()
 
 # What a webhook response may cost us: enough of an error body to quote 200 characters.
 MAX_RESPONSE_BYTES = 8 * 1024
@@ -81,10 +85,8 @@ class WebhookClient(dg.ConfigurableResource):
     def sealing_keys(self) -> str | None:
         if self.secrets_key:
             return self.secrets_key
-        if self.secrets_key_file and os.path.isfile(self.secrets_key_file):
-            with open(self.secrets_key_file, encoding="ascii") as handle:
-                return handle.read().strip() or None
-        return None
+        # Read when a run sends, as settings.sealing_keys reads it when a command runs.
+        return read_key_file(self.secrets_key_file) if self.secrets_key_file else None
 
     def policy(self) -> EgressPolicy:
         return EgressPolicy(parse_networks(self.allow_networks))

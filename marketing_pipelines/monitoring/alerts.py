@@ -15,11 +15,9 @@ an ``<!channel>`` mention.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from urllib.parse import urlsplit
@@ -284,32 +282,6 @@ class _Scrubber:
         return neutralise(text)[:MAX_REASON_CHARS]
 
 
-class _ScrubRecords(logging.Filter):
-    """Rewrites log records that quote the webhook's secret parts (httpx logs every request's full
-    URL at INFO, path included)."""
-
-    def __init__(self, scrub: _Scrubber) -> None:
-        super().__init__()
-        self.scrub = scrub
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if any(secret in message for secret in self.scrub.secrets):
-            record.msg, record.args = self.scrub(message), None
-        return True
-
-
-@contextmanager
-def _scrubbed_http_logs(scrub: _Scrubber) -> Iterator[None]:
-    """While the alert is sent, records of the ``httpx`` logger lose the URL's secret parts."""
-    logger, log_filter = logging.getLogger("httpx"), _ScrubRecords(scrub)
-    logger.addFilter(log_filter)
-    try:
-        yield
-    finally:
-        logger.removeFilter(log_filter)
-
-
 @shown_in_ui
 class AlertWebhook(dg.ConfigurableResource):
     """Where alerts go: a Slack-compatible incoming webhook, or nowhere when ``url`` is empty.
@@ -351,8 +323,8 @@ class AlertWebhook(dg.ConfigurableResource):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             return Delivery(False, f"{ALERT_URL_ENV} is not an http(s) URL ({shown})")
         try:
-            with _scrubbed_http_logs(scrub):
-                response = client.post(url, body_bytes({"text": text}), {"Content-Type": "application/json"})
+            # httpx's request log line shows the URL redacted (http.redact_httpx_logs, installed by the client).
+            response = client.post(url, body_bytes({"text": text}), {"Content-Type": "application/json"})
         except EgressRefused as exc:
             return Delivery(False, f"alert webhook {shown} refused by the egress policy: {scrub(str(exc))}")
         except (TimeoutError, httpx.TimeoutException):
