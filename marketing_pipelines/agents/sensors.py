@@ -14,10 +14,13 @@ from marketing_pipelines.agents.queue import AGENT_RUNS, running_count
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.lease import CANCELLED, new_claim_owner
 from marketing_pipelines.db.leased_runs import (
+    RECONCILE_INTERVAL_SECONDS,
     TAG_CAMPAIGN_ID,
     TAG_CLAIMED_BY,
     claim_requests,
+    is_run_of,
     reconcile_run,
+    sensor_instance,
 )
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.settings import current_settings
@@ -61,7 +64,12 @@ def agent_run_request(row: sa.RowMapping, claimed_by: str, grace_seconds: int) -
 
 
 def claim_agent_run_requests(
-    engine: sa.Engine, claimed_by: str, batch_size: int, pool_limit: int, grace_seconds: int
+    engine: sa.Engine,
+    claimed_by: str,
+    batch_size: int,
+    pool_limit: int,
+    grace_seconds: int,
+    instance: dg.DagsterInstance | None = None,
 ) -> tuple[list[dg.RunRequest], str]:
     """Recover expired agent-run leases and claim what the pool can start now.
 
@@ -76,6 +84,7 @@ def claim_agent_run_requests(
         room=lambda conn: min(batch_size, pool_limit - running_count(conn)),
         lease_seconds=grace_seconds,
         to_requests=lambda rows: [agent_run_request(row, claimed_by, grace_seconds) for row in rows],
+        instance=instance,
     )
     return claim.requests, claim.summary("agent runs", "pool free")
 
@@ -130,7 +139,12 @@ def queued_agent_runs_sensor(
         return engine
     pool_limit = _pool_limit(context, agent_settings.max_concurrent_agent_runs)
     requests, summary = claim_agent_run_requests(
-        engine, new_claim_owner(), agent_settings.batch_size, pool_limit, agent_settings.lease_grace_seconds
+        engine,
+        new_claim_owner(),
+        agent_settings.batch_size,
+        pool_limit,
+        agent_settings.lease_grace_seconds,
+        sensor_instance(context),
     )
     if not requests:
         return dg.SkipReason(f"Nothing to start ({summary}).")
@@ -140,12 +154,15 @@ def queued_agent_runs_sensor(
 
 @dg.run_failure_sensor(
     name="agent_run_failure_sensor",
-    monitored_jobs=[agent_run_job],
+    monitor_all_code_locations=True,
+    minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Retries or fails an agent run whose Dagster run failed before recording it.",
 )
 def agent_run_failure_sensor(context: dg.RunFailureSensorContext, app_db: AppDatabase) -> None:
     run = context.dagster_run
+    if not is_run_of(run, agent_run_job.name):
+        return
     message = context.failure_event.message or "run failed"
     status = reconcile_agent_run(app_db.engine(), run, "FAILED", f"Dagster run {run.run_id} failed: {message}")
     if status:
@@ -155,12 +172,15 @@ def agent_run_failure_sensor(context: dg.RunFailureSensorContext, app_db: AppDat
 @dg.run_status_sensor(
     name="agent_run_canceled_sensor",
     run_status=dg.DagsterRunStatus.CANCELED,
-    monitored_jobs=[agent_run_job],
+    monitor_all_code_locations=True,
+    minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Marks an agent run CANCELLED when its Dagster run was canceled.",
 )
 def agent_run_canceled_sensor(context: dg.RunStatusSensorContext, app_db: AppDatabase) -> None:
     run = context.dagster_run
+    if not is_run_of(run, agent_run_job.name):
+        return
     status = reconcile_agent_run(app_db.engine(), run, CANCELLED, f"Dagster run {run.run_id} was canceled")
     if status:
         context.log.info(f"Run {run.run_id}: agent run now {status}.")

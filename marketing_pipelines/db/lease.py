@@ -68,6 +68,8 @@ class LeaseQueue:
 class Recovery:
     requeued: tuple[int, ...]
     failed: tuple[int, ...]
+    # The Dagster runs that had taken these rows over and stopped renewing them: their workers are gone.
+    run_ids: tuple[str, ...] = ()
 
 
 def now_expr(conn: sa.Connection, offset_s: float = 0.0) -> sa.ColumnElement[datetime]:
@@ -340,12 +342,13 @@ def recover_expired(conn: sa.Connection, queue: LeaseQueue, limit: int = 1000) -
                 "updated_at": now,
             }
         )
-        .returning(t.c.id, t.c.status)
+        .returning(t.c.id, t.c.status, t.c.run_id)
     )
     rows = conn.execute(stmt).all()
     return Recovery(
         requeued=tuple(sorted(r.id for r in rows if r.status != FAILED)),
         failed=tuple(sorted(r.id for r in rows if r.status == FAILED)),
+        run_ids=tuple(sorted({r.run_id for r in rows if r.run_id})),
     )
 
 

@@ -33,6 +33,21 @@ TAG_CLAIMED_BY = "marketing/claimed_by"
 TAG_CAMPAIGN_ID = "marketing/campaign_id"
 
 
+# How often the run-status sensors hand back what failed or canceled runs held. Dagster's default
+# (30 s) would be most of the minute a dead replica may cost; each tick is one event-log query.
+RECONCILE_INTERVAL_SECONDS = 10
+
+
+def is_run_of(run: dg.DagsterRun, job_name: str) -> bool:
+    """Whether a run a run-status sensor sees is one of ``job_name``'s.
+
+    The sensors watch every code location (``monitor_all_code_locations``), so that a run is
+    reconciled whichever location launched it (one codebase loaded as several locations during a
+    migration, or by an old workspace file); Dagster then passes them every job's runs.
+    """
+    return run.job_name == job_name
+
+
 def run_owner(run_id: str) -> str:
     """The lease owner of the rows a Dagster run took over."""
     return f"run:{run_id}"
@@ -46,11 +61,14 @@ class Claim:
     claimed: int
     room: int
     recovery: Recovery
+    abandoned_runs: tuple[str, ...] = ()
 
     def summary(self, queue_name: str, room_name: str = "batch") -> str:
         text = f"{queue_name}: claimed {self.claimed} into {len(self.requests)} run(s) ({room_name} {self.room})"
         if self.recovery.requeued or self.recovery.failed:
             text += f", expired leases requeued {list(self.recovery.requeued)} failed {list(self.recovery.failed)}"
+        if self.abandoned_runs:
+            text += f", marked FAILURE the runs whose workers stopped renewing: {list(self.abandoned_runs)}"
         return text
 
 
@@ -63,20 +81,57 @@ def claim_requests(
     lease_seconds: float,
     to_requests: Callable[[Sequence[sa.RowMapping]], list[dg.RunRequest]],
     after_recovery: Callable[[sa.Connection, Recovery], None] | None = None,
+    instance: dg.DagsterInstance | None = None,
 ) -> Claim:
     """Recover expired leases, then claim up to ``room`` ready rows and turn them into run requests.
 
     Recovery commits first in its own transaction: a claim that fails must not undo it. ``room``
-    may be computed inside the claim's transaction (the agent pool's free slots).
+    may be computed inside the claim's transaction (the agent pool's free slots). With an
+    ``instance``, the runs whose leases expired are marked failed (``fail_abandoned_runs``).
     """
     with engine.begin() as conn:
         recovery = recover_expired(conn, queue)
         if after_recovery is not None:
             after_recovery(conn, recovery)
+    abandoned = fail_abandoned_runs(instance, recovery.run_ids, queue) if instance is not None else ()
     with engine.begin() as conn:
         limit = room(conn) if callable(room) else room
         rows = claim_batch(conn, queue, claimed_by, limit, lease_seconds) if limit > 0 else []
-    return Claim(to_requests(rows), len(rows), max(limit, 0), recovery)
+    return Claim(to_requests(rows), len(rows), max(limit, 0), recovery, abandoned)
+
+
+def sensor_instance(context: dg.SensorEvaluationContext) -> dg.DagsterInstance | None:
+    """The sensor's Dagster instance, or None for a context built without one (a unit test's)."""
+    try:
+        return context.instance
+    except dg.DagsterInvariantViolationError:
+        return None
+
+
+def fail_abandoned_runs(instance: dg.DagsterInstance, run_ids: Sequence[str], queue: LeaseQueue) -> tuple[str, ...]:
+    """Mark FAILURE each of ``run_ids`` that Dagster still shows starting or started; returns those it marked.
+
+    A run worker renews the leases of everything it took over every few seconds, so a lease that
+    ran out means its worker is gone or has been cut off from the database for a whole lease: its
+    work is back in the queue already, and the run would otherwise show STARTED for ever. Dagster's
+    run monitoring cannot see this with the default run launcher, which has no worker health check
+    (a code server's machine that went away takes its run workers with it). Failing the run makes it
+    show where operators look (the Runs page, run-failure alerts); the run-failure sensor then finds
+    nothing left to hand back. Fenced like everything else: a worker that is only slow finds its
+    leases gone and records nothing.
+    """
+    marked = []
+    for run_id in run_ids:
+        run = instance.get_run_by_id(run_id)
+        if run is None or run.status not in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
+            continue
+        message = (
+            f"Run worker gone: it stopped renewing the leases of the {queue.row_noun.lower()}s it held, which are "
+            "back in the queue (its code server's machine or process died, or it lost the database for a whole lease)."
+        )
+        instance.report_run_failed(run, message)
+        marked.append(run_id)
+    return tuple(marked)
 
 
 @dataclass(frozen=True)
@@ -145,16 +200,24 @@ def reconcile_run(
     (or fails it after its last attempt). ``on_status`` gets each changed row's id, its attempt (read
     from the row, so no run tag has to carry it) and new status. Returns how many rows got which status.
     """
-    owners = [run_owner(run.run_id), run.tags.get(TAG_CLAIMED_BY, "")]
+    claimed_by = run.tags.get(TAG_CLAIMED_BY, "")
+    owners = [run_owner(run.run_id), claimed_by]
     statuses: dict[str, int] = {}
     with engine.begin() as conn:
-        for row_id, attempt in held_rows(conn, queue, row_ids, owners):
+        for row_id, attempt, owner in held_rows(conn, queue, row_ids, owners):
             if outcome == CANCELLED:
                 done = finish(conn, queue, row_id, owners, CANCELLED, {queue.error_column: reason})
                 status = CANCELLED if done else None
+            elif owner == claimed_by:
+                # The run ended before taking the row over (its worker never started: a launch that
+                # failed, a code server that died between claim and start), so nothing was tried and
+                # nothing needs backing off: the row is due again at once. The claim still counts as
+                # an attempt, so a launch that always fails ends the row FAILED instead of cycling.
+                never = f"{reason} (before it took this {queue.row_noun.lower()} over; due again at once)"
+                status = retry_or_fail(conn, queue, row_id, [owner], never, 0.0, run_id=run.run_id)
             else:
                 delay = retry_delay_seconds(attempt)
-                status = retry_or_fail(conn, queue, row_id, owners, reason, delay, run_id=run.run_id)
+                status = retry_or_fail(conn, queue, row_id, [owner], reason, delay, run_id=run.run_id)
             if status is not None:
                 if on_status is not None:
                     on_status(conn, row_id, attempt, status)
@@ -164,8 +227,8 @@ def reconcile_run(
 
 def held_rows(
     conn: sa.Connection, queue: LeaseQueue, row_ids: Sequence[int], owners: Sequence[str]
-) -> list[tuple[int, int]]:
-    """``(id, attempt)`` of the rows among ``row_ids`` still RUNNING under one of ``owners``, by id.
+) -> list[tuple[int, int, str]]:
+    """``(id, attempt, owner)`` of the rows among ``row_ids`` still RUNNING under one of ``owners``, by id.
 
     Only a hint of what to reconcile: each write that follows is fenced again on its own.
     """
@@ -173,8 +236,8 @@ def held_rows(
         return []
     t = queue.table
     query = (
-        sa.select(t.c.id, t.c.attempts)
+        sa.select(t.c.id, t.c.attempts, t.c.lease_owner)
         .where(t.c.id.in_(list(row_ids)), t.c.status == RUNNING, t.c.lease_owner.in_([o for o in owners if o]))
         .order_by(t.c.id)
     )
-    return [(row.id, row.attempts) for row in conn.execute(query)]
+    return [(row.id, row.attempts, row.lease_owner) for row in conn.execute(query)]

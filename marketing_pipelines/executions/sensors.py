@@ -13,10 +13,13 @@ import sqlalchemy as sa
 
 from marketing_pipelines.db.lease import CANCELLED, LEASE_EXPIRED_ERROR, Recovery, new_claim_owner
 from marketing_pipelines.db.leased_runs import (
+    RECONCILE_INTERVAL_SECONDS,
     TAG_CAMPAIGN_ID,
     TAG_CLAIMED_BY,
     claim_requests,
+    is_run_of,
     reconcile_run,
+    sensor_instance,
 )
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
@@ -75,7 +78,7 @@ def _end_expired_attempts(conn: sa.Connection, recovery: Recovery) -> None:
 
 
 def claim_execution_requests(
-    engine: sa.Engine, claimed_by: str, settings: ExecutionSettings
+    engine: sa.Engine, claimed_by: str, settings: ExecutionSettings, instance: dg.DagsterInstance | None = None
 ) -> tuple[list[dg.RunRequest], str]:
     """Recover expired leases, claim up to ``batch_size`` due rows and group them into runs.
 
@@ -92,6 +95,7 @@ def claim_execution_requests(
             batch_run_request(rows[start : start + per_run], claimed_by) for start in range(0, len(rows), per_run)
         ],
         after_recovery=_end_expired_attempts,
+        instance=instance,
     )
     return claim.requests, claim.summary("executions")
 
@@ -113,7 +117,9 @@ def due_executions_sensor(
     engine = app_db.ready_engine_or_skip()
     if isinstance(engine, dg.SkipReason):
         return engine
-    requests, summary = claim_execution_requests(engine, new_claim_owner(), execution_settings)
+    requests, summary = claim_execution_requests(
+        engine, new_claim_owner(), execution_settings, sensor_instance(context)
+    )
     if not requests:
         return dg.SkipReason(f"Nothing due ({summary}).")
     context.log.info(summary)
@@ -154,7 +160,8 @@ def _log_reconciled(context: dg.RunStatusSensorContext, statuses: Mapping[str, i
 
 @dg.run_failure_sensor(
     name="execution_run_failure_sensor",
-    monitored_jobs=[marketing_execution_job],
+    monitor_all_code_locations=True,
+    minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Retries or fails each execution a failed marketing_execution_job run held without recording it.",
 )
@@ -162,6 +169,8 @@ def execution_run_failure_sensor(
     context: dg.RunFailureSensorContext, app_db: AppDatabase, execution_settings: ExecutionSettings
 ) -> None:
     run = context.dagster_run
+    if not is_run_of(run, marketing_execution_job.name):
+        return
     reason = f"Dagster run {run.run_id} failed: {context.failure_event.message or 'run failed'}"
     statuses = reconcile_execution_run(
         app_db.engine(), run, "FAILED", reason, retry_delay_seconds=execution_settings.retry_delay_seconds
@@ -172,11 +181,14 @@ def execution_run_failure_sensor(
 @dg.run_status_sensor(
     name="execution_run_canceled_sensor",
     run_status=dg.DagsterRunStatus.CANCELED,
-    monitored_jobs=[marketing_execution_job],
+    monitor_all_code_locations=True,
+    minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Marks the executions a canceled marketing_execution_job run held CANCELLED.",
 )
 def execution_run_canceled_sensor(context: dg.RunStatusSensorContext, app_db: AppDatabase) -> None:
     run = context.dagster_run
+    if not is_run_of(run, marketing_execution_job.name):
+        return
     reason = f"Dagster run {run.run_id} was canceled"
     _log_reconciled(context, reconcile_execution_run(app_db.engine(), run, CANCELLED, reason))

@@ -1,0 +1,526 @@
+"""The container image and the Helm values agree with the project they deploy.
+
+deploy/container/Dockerfile and deploy/helm/values.yaml cannot be built or installed where these
+tests run (there is no Docker engine and no Kubernetes), so nothing else would notice them going
+stale. The tests check five things. Every variable the files set is one the code reads. The image
+installs pyproject's Dagster set. The instance numbers equal deploy/dagster.yaml's. The module is
+pyproject's. The base image's Python is one that pyproject admits. Each check is a function that
+returns its problems. The tests run it on the real files, and also on an edited copy, to show
+that the check can fail.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from pydantic import SecretStr
+
+from marketing_pipelines.agents.providers.registry import PROVIDERS
+from marketing_pipelines.measurement.defs import GITHUB_API_URL_ENV, PLAUSIBLE_BASE_URL_ENV
+from marketing_pipelines.measurement.sources import GITHUB_TOKEN_ENV, PLAUSIBLE_API_KEY_ENV, SOURCES
+from marketing_pipelines.settings import Settings, env_name
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "deploy" / "container" / "Dockerfile"
+VALUES = ROOT / "deploy" / "helm" / "values.yaml"
+INSTANCE = ROOT / "deploy" / "dagster.yaml"
+PYPROJECT = ROOT / "pyproject.toml"
+
+# Variables that Dagster or Python read themselves, which the files may set. Dagster's CLI reads
+# DAGSTER_CLI_<COMMAND>_<OPTION> for any option (Click's auto_envvar_prefix, dagster/_cli/__init__.py).
+RUNTIME_VARIABLES = {
+    "DAGSTER_HOME",
+    "DAGSTER_CLI_API_GRPC_FIXED_SERVER_ID",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONUNBUFFERED",
+}
+# Dagster's default when run_monitoring leaves it out (DagsterInstance.run_monitoring_max_resume_run_attempts).
+DEFAULT_MAX_RESUME_RUN_ATTEMPTS = 0
+
+
+# ---- what the project knows -------------------------------------------------------------------
+
+
+def setting_variables() -> set[str]:
+    """The env var of every `Settings` field: the only MARKETING_* variables the code reads."""
+    return {env_name(field) for field in Settings.model_fields}
+
+
+def provider_variables() -> set[str]:
+    """The model providers' and the measurement importers' variables, from the modules that read them."""
+    names = {PLAUSIBLE_BASE_URL_ENV, GITHUB_API_URL_ENV}
+    for spec in PROVIDERS:
+        names |= {name for name in (spec.api_key_env, spec.model_env, spec.base_url_env) if name}
+    for source in SOURCES:
+        names |= set(source.env_vars)
+    return names
+
+
+def secret_variables() -> set[str]:
+    """Variables whose values are credentials: they belong in a Secret, never in a ConfigMap or an image."""
+    secret_fields = {name for name, info in Settings.model_fields.items() if SecretStr in _types(info.annotation)}
+    # The URLs carry credentials too: a database password, an incoming webhook's token.
+    secret_fields |= {"database_url", "alert_webhook_url"}
+    api_keys = {spec.api_key_env for spec in PROVIDERS if spec.api_key_env}
+    return {env_name(field) for field in secret_fields} | api_keys | {PLAUSIBLE_API_KEY_ENV, GITHUB_TOKEN_ENV}
+
+
+def _types(annotation: Any) -> set[Any]:
+    return {annotation, *getattr(annotation, "__args__", ())}
+
+
+def instance_env_references(instance: Any) -> set[str]:
+    """The variables deploy/dagster.yaml reads (`{env: NAME}`), e.g. DAGSTER_PG_HOST."""
+    if isinstance(instance, Mapping):
+        if set(instance) == {"env"}:
+            return {instance["env"]}
+        return set().union(*(instance_env_references(value) for value in instance.values()))
+    if isinstance(instance, list):
+        return set().union(*(instance_env_references(value) for value in instance))
+    return set()
+
+
+def dagster_pins() -> dict[str, str]:
+    """pyproject's `dagster*==X` pins, by package name."""
+    dependencies = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["dependencies"]
+    pins = {}
+    for line in dependencies:
+        requirement = Requirement(line)
+        if requirement.name.startswith("dagster"):
+            [spec] = requirement.specifier
+            assert spec.operator == "==", f"pyproject.toml: {line!r} should pin with =="
+            pins[requirement.name] = spec.version
+    return pins
+
+
+# ---- reading the two files --------------------------------------------------------------------
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per instruction, with continuation lines joined and comments dropped."""
+    instructions, current = [], ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#") or not line.strip():
+            continue
+        current += line.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        keyword, _, arguments = current.strip().partition(" ")
+        instructions.append((keyword.upper(), arguments.strip()))
+        current = ""
+    return instructions
+
+
+def dockerfile_env(text: str) -> dict[str, str]:
+    """The variables ENV sets (`ENV A=1 B=2` and the legacy `ENV A 1`)."""
+    variables = {}
+    for keyword, arguments in dockerfile_instructions(text):
+        if keyword != "ENV":
+            continue
+        tokens = shlex.split(arguments)
+        if tokens and "=" not in tokens[0]:
+            variables[tokens[0]] = " ".join(tokens[1:])
+        else:
+            variables.update(token.split("=", 1) for token in tokens)
+    return variables
+
+
+def pip_commands(text: str) -> Iterator[list[str]]:
+    """The arguments after `pip install` / `pip wheel` in every RUN, one list per pip command."""
+    for keyword, arguments in dockerfile_instructions(text):
+        if keyword != "RUN":
+            continue
+        for command in re.split(r"&&|;", arguments):
+            tokens = shlex.split(command)
+            if len(tokens) >= 2 and tokens[0] in ("pip", "pip3") and tokens[1] in ("install", "wheel"):
+                yield tokens[2:]
+
+
+def base_images(text: str) -> list[str]:
+    return [arguments.split()[0] for keyword, arguments in dockerfile_instructions(text) if keyword == "FROM"]
+
+
+def the_deployment(values: Mapping[str, Any]) -> dict[str, Any]:
+    [deployment] = values["dagster-user-deployments"]["deployments"]
+    return deployment
+
+
+def values_env(values: Mapping[str, Any], text: str) -> list[tuple[str, str]]:
+    """(variable, where it is set) for every variable values.yaml sets or tells the operator to put in a Secret."""
+    found: list[tuple[str, str]] = []
+
+    def add(env: Any, where: str) -> None:
+        names = env if isinstance(env, Mapping) else [item["name"] for item in env or []]
+        found.extend((name, where) for name in names)
+
+    for index, deployment in enumerate(values["dagster-user-deployments"]["deployments"]):
+        add(deployment.get("env"), f"dagster-user-deployments.deployments[{index}].env")
+    for section in ("dagsterDaemon", "dagsterWebserver"):
+        add(values.get(section, {}).get("env"), f"{section}.env")
+    launcher = values.get("runLauncher", {}).get("config", {}).get("k8sRunLauncher", {})
+    found.extend(
+        (item.split("=", 1)[0], "runLauncher.config.k8sRunLauncher.envVars") for item in launcher.get("envVars", [])
+    )
+    found.extend((name, "the kubectl create secret command") for name in secret_literals(text))
+    return found
+
+
+def secret_literals(text: str) -> list[str]:
+    """The variables the header's `kubectl create secret ... --from-literal=NAME=...` lines put in a Secret."""
+    return re.findall(r"--from-literal=([A-Z][A-Z0-9_]*)=", text)
+
+
+def plain_env(values: Mapping[str, Any], dockerfile_text: str) -> list[tuple[str, str]]:
+    """Variables set in clear text: the deployments' env (a ConfigMap) and the image's ENV."""
+    return [(name, where) for name, where in values_env(values, "") if where.endswith(".env")] + [
+        (name, "deploy/container/Dockerfile ENV") for name in dockerfile_env(dockerfile_text)
+    ]
+
+
+def snake(key: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
+
+
+def camel(key: str) -> str:
+    first, *rest = key.split("_")
+    return first + "".join(part.title() for part in rest)
+
+
+# ---- the checks: each returns its problems ----------------------------------------------------
+
+
+def unknown_variables(names: list[tuple[str, str]], instance_variables: set[str]) -> list[str]:
+    """Variables that neither Settings, deploy/dagster.yaml, the providers and importers, nor Dagster read."""
+    settings, providers = setting_variables(), provider_variables()
+    problems = []
+    for name, where in names:
+        if name.startswith("MARKETING_"):
+            if name not in settings:
+                problems.append(f"{where}: {name} is not a field of marketing_pipelines.settings.Settings")
+        elif name.startswith("DAGSTER_PG_"):
+            if name not in instance_variables:
+                problems.append(f"{where}: {name} is not one deploy/dagster.yaml reads")
+        elif name not in providers | RUNTIME_VARIABLES:
+            problems.append(f"{where}: {name} is read by no provider, importer, Dagster or Python")
+    return problems
+
+
+def pin_problems(dockerfile_text: str, pins: Mapping[str, str]) -> list[str]:
+    """Ways the image could install a Dagster set other than pyproject's."""
+    problems = []
+    commands = list(pip_commands(dockerfile_text))
+    if not any(
+        instruction == "COPY" and "pyproject.toml" in arguments.split()
+        for instruction, arguments in dockerfile_instructions(dockerfile_text)
+    ):
+        problems.append("deploy/container/Dockerfile: pyproject.toml is not copied, so its pins cannot apply")
+    if not any("." in arguments for arguments in commands):
+        problems.append(
+            "deploy/container/Dockerfile: no `pip install .` or `pip wheel .` installs the project and its pins"
+        )
+    library_version = pins["dagster-postgres"]
+    for arguments in commands:
+        for token in arguments:
+            if token.startswith(("-", "/", ".")) or token.endswith(".whl"):
+                continue
+            try:
+                requirement = Requirement(token)
+            except InvalidRequirement:
+                continue
+            if not requirement.name.startswith("dagster"):
+                continue
+            # A package pyproject pins takes that pin; any other Dagster library takes the library
+            # line's release (dagster-k8s 0.29.27 pairs with dagster 1.13.27, as dagster-postgres does).
+            wanted = pins.get(requirement.name, library_version)
+            if str(requirement.specifier) != f"=={wanted}":
+                problems.append(
+                    f"deploy/container/Dockerfile: installs {token!r}, pyproject.toml's set needs "
+                    f"{requirement.name}=={wanted}"
+                )
+    # Even a comment naming another Dagster release would mislead the reader of the file.
+    known_versions = set(pins.values())
+    for version in re.findall(r"(?<![\w.])\d+\.\d+\.\d+(?![\w.])", dockerfile_text):
+        if version not in known_versions:
+            problems.append(
+                f"deploy/container/Dockerfile: names version {version}, not one of pyproject's Dagster pins"
+            )
+    return problems
+
+
+NOT_SET = "(not set)"
+
+
+def differences(helm: Any, wanted: Any, helm_path: str, dagster_path: str, camel_keys: bool) -> list[str]:
+    """Each leaf where values.yaml (camelCase keys, or dagster.yaml's own keys) differs from dagster.yaml."""
+    if isinstance(helm, Mapping) and isinstance(wanted, Mapping):
+        keys = sorted(set(wanted) | {snake(key) if camel_keys else key for key in helm})
+        problems = []
+        for key in keys:
+            helm_key = camel(key) if camel_keys else key
+            problems += differences(
+                helm.get(helm_key, NOT_SET),
+                wanted.get(key, NOT_SET),
+                f"{helm_path}.{helm_key}",
+                f"{dagster_path}.{key}",
+                camel_keys,
+            )
+        return problems
+    if helm == wanted:
+        return []
+    return [f"deploy/helm/values.yaml {helm_path} = {helm!r}, deploy/dagster.yaml {dagster_path} = {wanted!r}"]
+
+
+def instance_problems(values: Mapping[str, Any], instance: Mapping[str, Any]) -> list[str]:
+    """Each key where values.yaml's instance settings differ from deploy/dagster.yaml's."""
+    daemon = values.get("dagsterDaemon", {})
+    coordinator = daemon.get("runCoordinator", {})
+    concurrency = dict(values.get("concurrency", {}))
+    monitoring = {"max_resume_run_attempts": DEFAULT_MAX_RESUME_RUN_ATTEMPTS, **instance["run_monitoring"]}
+    # (values.yaml path, its value, dagster.yaml path, its value, whether values.yaml spells keys in camelCase)
+    pairs = [
+        ("dagsterDaemon.runCoordinator.enabled", coordinator.get("enabled"), "run_coordinator (present)", True, False),
+        (
+            "dagsterDaemon.runCoordinator.type",
+            coordinator.get("type"),
+            "run_coordinator",
+            "CustomRunCoordinator",
+            False,
+        ),
+        (
+            "dagsterDaemon.runCoordinator.config.customRunCoordinator",
+            coordinator.get("config", {}).get("customRunCoordinator", {}),
+            "run_coordinator",
+            instance["run_coordinator"],
+            False,
+        ),
+        ("dagsterDaemon.sensors", daemon.get("sensors", {}), "sensors", instance["sensors"], True),
+        ("dagsterDaemon.runMonitoring", daemon.get("runMonitoring", {}), "run_monitoring", monitoring, True),
+        ("concurrency.enabled", concurrency.pop("enabled", False), "concurrency (present)", True, False),
+        ("concurrency", concurrency, "concurrency", instance["concurrency"], True),
+        ("telemetry", values.get("telemetry", {}), "telemetry", instance["telemetry"], True),
+    ]
+    return [
+        problem
+        for helm_path, helm, dagster_path, wanted, camel_keys in pairs
+        for problem in differences(helm, wanted, helm_path, dagster_path, camel_keys)
+    ]
+
+
+def python_problems(dockerfile_text: str, requires_python: str) -> list[str]:
+    """Base images whose Python pyproject's requires-python does not admit (or that name no version)."""
+    problems = []
+    for image in base_images(dockerfile_text):
+        match = re.fullmatch(r"python:(\d+\.\d+)(?:[.-][\w.-]*)?", image)
+        if match is None:
+            problems.append(f"deploy/container/Dockerfile: FROM {image} names no python:X.Y image")
+        elif match.group(1) not in SpecifierSet(requires_python):
+            problems.append(
+                f"deploy/container/Dockerfile: FROM {image}, pyproject requires-python is {requires_python}"
+            )
+    return problems
+
+
+# ---- the tests ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dockerfile_text() -> str:
+    return DOCKERFILE.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def values_text() -> str:
+    return VALUES.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def values(values_text: str) -> dict[str, Any]:
+    return yaml.safe_load(values_text)
+
+
+@pytest.fixture(scope="module")
+def instance() -> dict[str, Any]:
+    return yaml.safe_load(INSTANCE.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict[str, Any]:
+    return tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))
+
+
+def all_variables(values: Mapping[str, Any], values_text: str, dockerfile_text: str) -> list[tuple[str, str]]:
+    image = [(name, "deploy/container/Dockerfile ENV") for name in dockerfile_env(dockerfile_text)]
+    return [(name, f"deploy/helm/values.yaml {where}") for name, where in values_env(values, values_text)] + image
+
+
+def test_every_variable_the_files_set_is_one_the_project_reads(
+    values: dict[str, Any], values_text: str, dockerfile_text: str, instance: dict[str, Any]
+) -> None:
+    names = all_variables(values, values_text, dockerfile_text)
+    assert {"MARKETING_DATABASE_URL", "DAGSTER_HOME"} <= {name for name, _ in names}  # the parsers found them
+    assert unknown_variables(names, instance_env_references(instance)) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # A MARKETING_ name that is no Settings field (a typo of MARKETING_DATABASE_URL).
+        ("MARKETING_DATABASE_URI", "is not a field of marketing_pipelines.settings.Settings"),
+        # A Dagster storage variable deploy/dagster.yaml does not read.
+        ("DAGSTER_PG_HOSTNAME", "is not one deploy/dagster.yaml reads"),
+        # A provider variable nothing reads.
+        ("ANTHROPIC_KEY", "is read by no provider, importer, Dagster or Python"),
+    ],
+)
+def test_an_unknown_variable_is_named_with_where_it_is_set(name: str, expected: str, instance: dict[str, Any]) -> None:
+    [problem] = unknown_variables([(name, "deploy/helm/values.yaml env")], instance_env_references(instance))
+    assert problem == f"deploy/helm/values.yaml env: {name} {expected}"
+
+
+def test_secrets_are_in_the_secret_and_never_in_clear_text(
+    values: dict[str, Any], values_text: str, dockerfile_text: str
+) -> None:
+    in_clear = [f"{where}: {name}" for name, where in plain_env(values, dockerfile_text) if name in secret_variables()]
+    assert in_clear == [], "credentials belong in the Secret marketing-pipelines-secrets"
+    assert {"MARKETING_DATABASE_URL", "MARKETING_SECRETS_KEY"} <= set(secret_literals(values_text)), (
+        "deploy/helm/values.yaml: the kubectl create secret command should name both"
+    )
+    assert "kubectl create secret generic marketing-pipelines-secrets" in values_text, "deploy/helm/values.yaml header"
+    secret = [{"name": "marketing-pipelines-secrets"}]
+    assert the_deployment(values)["envSecrets"] == secret, (
+        "deploy/helm/values.yaml dagster-user-deployments.deployments[0].envSecrets"
+    )
+    assert values["runLauncher"]["config"]["k8sRunLauncher"]["envSecrets"] == secret, (
+        "deploy/helm/values.yaml runLauncher.config.k8sRunLauncher.envSecrets"
+    )
+
+
+def test_the_image_installs_pyprojects_dagster_set(dockerfile_text: str) -> None:
+    pins = dagster_pins()
+    assert {"dagster", "dagster-postgres", "dagster-webserver", "dagster-graphql", "dagster-dg-cli"} <= set(pins)
+    assert pin_problems(dockerfile_text, pins) == []
+    # The run pods' launcher library is installed, on the library line.
+    assert any(f"dagster-k8s=={pins['dagster-postgres']}" in arguments for arguments in pip_commands(dockerfile_text))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        # dagster-k8s from another release than dagster-postgres.
+        ('"dagster-k8s==0.29.27"', '"dagster-k8s==0.29.26"', "installs 'dagster-k8s==0.29.26'"),
+        # A core package pinned to another release than pyproject's.
+        ('"dagster-k8s==0.29.27"', '"dagster-k8s==0.29.27" "dagster==1.13.28"', "needs dagster==1.13.27"),
+        # A Dagster library left unpinned.
+        ('"dagster-k8s==0.29.27"', "dagster-k8s", "installs 'dagster-k8s'"),
+        # The project itself no longer installed, so pyproject's pins would not apply.
+        ("--wheel-dir /wheels .", "--wheel-dir /wheels marketing-pipelines", "no `pip install .`"),
+    ],
+)
+def test_a_different_dagster_set_in_the_image_is_caught(
+    dockerfile_text: str, old: str, new: str, expected: str
+) -> None:
+    assert old in dockerfile_text
+    problems = pin_problems(dockerfile_text.replace(old, new), dagster_pins())
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_the_instance_settings_equal_deploy_dagster_yaml(values: dict[str, Any], instance: dict[str, Any]) -> None:
+    assert instance_problems(values, instance) == []
+
+
+def test_a_changed_instance_number_is_named_by_its_key(values: dict[str, Any], instance: dict[str, Any]) -> None:
+    changed = yaml.safe_load(yaml.safe_dump(values))
+    changed["dagsterDaemon"]["runMonitoring"]["pollIntervalSeconds"] = 120
+    changed["dagsterDaemon"]["runCoordinator"]["config"]["customRunCoordinator"]["config"]["dequeue_num_workers"] = 8
+    del changed["concurrency"]["runs"]["maxConcurrentRuns"]
+    assert instance_problems(changed, instance) == [
+        "deploy/helm/values.yaml dagsterDaemon.runCoordinator.config.customRunCoordinator.config.dequeue_num_workers"
+        " = 8, deploy/dagster.yaml run_coordinator.config.dequeue_num_workers = 4",
+        "deploy/helm/values.yaml dagsterDaemon.runMonitoring.pollIntervalSeconds = 120,"
+        " deploy/dagster.yaml run_monitoring.poll_interval_seconds = 5",
+        "deploy/helm/values.yaml concurrency.runs.maxConcurrentRuns = '(not set)',"
+        " deploy/dagster.yaml concurrency.runs.max_concurrent_runs = 25",
+    ]
+
+
+def test_the_code_location_is_pyprojects(
+    values: dict[str, Any], dockerfile_text: str, pyproject: dict[str, Any]
+) -> None:
+    location = pyproject["tool"]["dagster"]
+    deployment = the_deployment(values)
+    args = deployment["dagsterApiGrpcArgs"]
+    assert args == ["-m", location["module_name"]], (
+        "deploy/helm/values.yaml dagster-user-deployments.deployments[0].dagsterApiGrpcArgs, pyproject [tool.dagster]"
+    )
+    # The chart names the Service and the location after the deployment; Kubernetes names allow no "_".
+    assert deployment["name"] == location["code_location_name"].replace("_", "-"), (
+        "deploy/helm/values.yaml dagster-user-deployments.deployments[0].name, pyproject code_location_name"
+    )
+    [command] = [arguments for keyword, arguments in dockerfile_instructions(dockerfile_text) if keyword == "CMD"]
+    assert yaml.safe_load(command) == [
+        "dagster",
+        "api",
+        "grpc",
+        "-m",
+        location["module_name"],
+        "-h",
+        "0.0.0.0",
+        "-p",
+        str(deployment["port"]),
+    ], "deploy/container/Dockerfile CMD serves the module on the chart's port"
+
+
+def test_the_chart_runs_several_replicas_with_the_k8s_launcher_on_external_postgres(
+    values: dict[str, Any], instance: dict[str, Any]
+) -> None:
+    deployment = the_deployment(values)
+    assert deployment["replicaCount"] >= 2, (
+        "deploy/helm/values.yaml dagster-user-deployments.deployments[0].replicaCount"
+    )
+    # Replicas behind one Service must report one server id, and a new release must bring a new one.
+    assert deployment["env"]["DAGSTER_CLI_API_GRPC_FIXED_SERVER_ID"] == str(deployment["image"]["tag"]), (
+        "deploy/helm/values.yaml deployments[0].env.DAGSTER_CLI_API_GRPC_FIXED_SERVER_ID should equal image.tag"
+    )
+    assert deployment["includeConfigInLaunchedRuns"] == {"enabled": True}, (
+        "deploy/helm/values.yaml dagster-user-deployments.deployments[0].includeConfigInLaunchedRuns"
+    )
+    assert values["runLauncher"]["type"] == "K8sRunLauncher", "deploy/helm/values.yaml runLauncher.type"
+    postgresql = values["postgresql"]
+    assert postgresql["enabled"] is False, "deploy/helm/values.yaml postgresql.enabled: Dagster's storage is external"
+    scheme = instance["storage"]["postgres"]["postgres_db"]["scheme"]
+    assert postgresql["postgresqlScheme"] == scheme, (
+        "deploy/helm/values.yaml postgresql.postgresqlScheme, deploy/dagster.yaml storage.postgres.postgres_db.scheme"
+    )
+    assert values["generatePostgresqlPasswordSecret"] is False, (
+        "deploy/helm/values.yaml generatePostgresqlPasswordSecret"
+    )
+
+
+def test_the_base_image_runs_a_python_pyproject_admits(dockerfile_text: str, pyproject: dict[str, Any]) -> None:
+    requires_python = pyproject["project"]["requires-python"]
+    assert base_images(dockerfile_text), "deploy/container/Dockerfile has no FROM"
+    assert python_problems(dockerfile_text, requires_python) == []
+    # The same check refuses a Python below the floor.
+    assert python_problems("FROM python:3.10-slim\n", requires_python) == [
+        f"deploy/container/Dockerfile: FROM python:3.10-slim, pyproject requires-python is {requires_python}"
+    ]
+
+
+def test_the_image_runs_as_a_non_root_user(dockerfile_text: str, values: dict[str, Any]) -> None:
+    users = [arguments for keyword, arguments in dockerfile_instructions(dockerfile_text) if keyword == "USER"]
+    assert users and users[-1] not in ("0", "root"), "deploy/container/Dockerfile USER"
+    # A numeric uid lets the pod's runAsNonRoot be checked against the image.
+    assert users[-1].isdigit(), "deploy/container/Dockerfile USER should be a numeric uid"
+    assert the_deployment(values)["podSecurityContext"]["runAsNonRoot"] is True, (
+        "deploy/helm/values.yaml dagster-user-deployments.deployments[0].podSecurityContext.runAsNonRoot"
+    )

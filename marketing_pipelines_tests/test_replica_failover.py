@@ -1,0 +1,301 @@
+"""The deployment as it ships for several machines, run here: one code location served by two code-server
+replicas behind HAProxy (deploy/haproxy.cfg), the real daemon and webserver pointed at the balancer
+(deploy/workspace.yaml), Dagster's storage and the application database on PostgreSQL.
+
+While webhook executions are being claimed and launched, one replica is SIGKILLed. Every execution must
+still end SUCCEEDED, each delivered once, within 90 s of the kill (a lease is 300 s: nothing may wait for
+one), and the deployment must look like one codebase: one location with the whole asset graph in the UI,
+each sensor stored and ticking once per interval, no "multiple code locations" warning from the daemon.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from marketing_pipelines.db.engine import get_engine
+from marketing_pipelines.db.schema import marketing_execution
+from marketing_pipelines.definitions import defs
+from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.processes import (
+    REPO_ROOT,
+    Child,
+    child_env,
+    dagster_bin,
+    free_port,
+    running,
+    start,
+    wait_for,
+)
+from marketing_pipelines_tests.webserver import Recorder
+
+pytestmark = pytest.mark.slow
+
+EXECUTIONS = 100
+PER_RUN = 10  # ten runs, two per tick, so launches are under way when the replica dies
+# A killed process: its launches fail at once and its started workers finish, so the claims of the runs
+# that failed are handed back by the next run-failure sensor tick.
+RECOVERY_SECONDS = 90
+# A lost host takes its run workers with it: a run caught between launch and start stays STARTING until run
+# monitoring's start_timeout_seconds (deploy/dagster.yaml), then fails and its claims are handed back.
+START_TIMEOUT_SECONDS = yaml.safe_load((REPO_ROOT / "deploy" / "dagster.yaml").read_text())["run_monitoring"][
+    "start_timeout_seconds"
+]
+HOST_RECOVERY_SECONDS = START_TIMEOUT_SECONDS + 40
+# Loaded by every Python process of the "lost host" replica: its run workers (multiprocessing children of the
+# code server) mark that they exist, then take long to start, so the kill finds a run between claim and start.
+SLOW_WORKERS = """
+import os, sys, time
+if "--multiprocessing-fork" in sys.argv:
+    open(os.path.join(os.environ["SLOW_WORKER_MARKERS"], str(os.getpid())), "w").close()
+    time.sleep(30)
+"""
+SENSOR_INTERVAL = 2
+RELEASE = "test-release-1"  # the --fixed-server-id every replica shares
+
+WORKSPACE_QUERY = """
+{ workspaceOrError { __typename ... on Workspace { locationEntries { name
+    locationOrLoadError { __typename ... on RepositoryLocation { repositories { name assetNodes { id } } } } } } } }
+"""
+
+
+@pytest.fixture
+def dagster_db(pg_url: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """A throwaway PostgreSQL database for Dagster's storage: its URL and the DAGSTER_PG_* variables for it."""
+    name = f"mp_dagster_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(get_engine(pg_url).url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.engine.make_url(pg_url)
+    try:
+        yield (
+            url.set(database=name).render_as_string(hide_password=False),
+            {
+                "DAGSTER_PG_HOST": url.host or "127.0.0.1",
+                "DAGSTER_PG_PORT": str(url.port or 5432),
+                "DAGSTER_PG_USER": url.username or "postgres",
+                "DAGSTER_PG_PASSWORD": url.password or "",
+                "DAGSTER_PG_DB": name,
+            },
+        )
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _due_webhooks(engine: sa.Engine, url: str, n: int) -> set[int]:
+    add_campaign(engine)
+    now = datetime.now(UTC)
+    rows = [
+        {
+            "campaign_id": "spring-launch",
+            "stage": "launch",
+            "action": "webhook",
+            "payload": {"url": f"{url}/{i}", "body": {"n": i}},
+            "due_at": now - timedelta(seconds=n - i),
+            "status": "SCHEDULED",
+            "attempts": 0,
+            "max_attempts": 3,
+            "created_at": now,
+            "updated_at": now,
+        }
+        for i in range(n)
+    ]
+    with engine.begin() as conn:
+        conn.execute(sa.insert(marketing_execution), rows)
+        return set(conn.execute(sa.select(marketing_execution.c.id)).scalars())
+
+
+def _statuses(engine: sa.Engine) -> Counter[str]:
+    with engine.connect() as conn:
+        return Counter(conn.execute(sa.select(marketing_execution.c.status)).scalars())
+
+
+def _runs_requested(dagster: sa.Engine) -> int:
+    """Runs of the executions job the daemon has created (so their claims reached Dagster)."""
+    with dagster.connect() as conn:
+        return conn.execute(
+            sa.text("SELECT count(*) FROM runs WHERE pipeline_name = 'marketing_execution_job'")
+        ).scalar_one()
+
+
+def _location(web: str) -> tuple[list[str], int] | None:
+    """The UI's locations and the asset nodes of the loaded one, once it has loaded."""
+    try:
+        data = httpx.post(f"{web}/graphql", json={"query": WORKSPACE_QUERY}, timeout=30).json()["data"]
+    except (httpx.HTTPError, KeyError, ValueError):
+        return None
+    entries = data["workspaceOrError"]["locationEntries"]
+    loaded = [e["locationOrLoadError"] for e in entries]
+    if not loaded or any(entry is None or entry["__typename"] != "RepositoryLocation" for entry in loaded):
+        return None
+    return [e["name"] for e in entries], sum(len(r["assetNodes"]) for e in loaded for r in e["repositories"])
+
+
+def _sensor_ticks(dagster: sa.Engine, name: str) -> list[float]:
+    """Timestamps of every stored tick of sensor ``name``, oldest first."""
+    with dagster.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT timestamp, tick_body FROM job_ticks WHERE type = 'SENSOR' ORDER BY timestamp")
+        ).all()
+    # Dagster stores a tick's instigator name under its old field name, job_name.
+    return [row.timestamp.timestamp() for row in rows if json.loads(row.tick_body).get("job_name") == name]
+
+
+def _stored_instigators(dagster: sa.Engine) -> Counter[str]:
+    with dagster.connect() as conn:
+        bodies = conn.execute(sa.text("SELECT instigator_body FROM instigators")).scalars().all()
+    return Counter(json.loads(body)["origin"]["job_name"] for body in bodies)
+
+
+def _haproxy_command(socket_path: Path, command: str) -> str:
+    """One command on HAProxy's admin socket (what `socat stdio SOCKET` does in the runbook); its answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(socket_path))
+        sock.sendall(command.encode() + b"\n")
+        return sock.makefile().read()
+
+
+@pytest.mark.parametrize("lost", ["process", "host", "drained"])
+def test_a_replica_killed_while_work_is_launched_costs_no_execution_and_no_lease(
+    lost: str, pg_url: str, dagster_db: tuple[str, dict[str, str]], hook: Recorder, tmp_path: Path
+) -> None:
+    haproxy = shutil.which("haproxy")
+    if haproxy is None:
+        pytest.skip("haproxy is not installed (Debian: apt-get install haproxy)")
+    engine = get_engine(pg_url)
+    due = _due_webhooks(engine, hook.url, EXECUTIONS)
+    dagster_url, dagster_env = dagster_db
+    dagster = get_engine(dagster_url)
+
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO_ROOT / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    shutil.copy(REPO_ROOT / "deploy" / "workspace.yaml", tmp_path / "workspace.yaml")
+    balancer, replica_ports, stats = free_port(), [free_port(), free_port()], free_port()
+    env = child_env(
+        DAGSTER_HOME=str(home),
+        MARKETING_DATABASE_URL=pg_url,
+        MARKETING_WEBHOOK_ALLOW_NETWORKS="127.0.0.1/32",
+        MARKETING_SENSOR_INTERVAL_SECONDS=str(SENSOR_INTERVAL),
+        MARKETING_EXECUTIONS_PER_RUN=str(PER_RUN),
+        MARKETING_SENSOR_BATCH_SIZE=str(2 * PER_RUN),
+        CODE_SERVERS_HOST="127.0.0.1",
+        CODE_SERVERS_PORT=str(balancer),
+        CODE_SERVERS_BIND=f"127.0.0.1:{balancer}",
+        CODE_SERVER_1=f"127.0.0.1:{replica_ports[0]}",
+        CODE_SERVER_2=f"127.0.0.1:{replica_ports[1]}",
+        HAPROXY_STATS_BIND=f"127.0.0.1:{stats}",
+        HAPROXY_ADMIN_SOCKET=str(tmp_path / "haproxy.sock"),
+        **dagster_env,
+    )
+    # As the runbook does: Dagster's tables exist before any process uses them.
+    migrate = subprocess.run(
+        [dagster_bin("dagster"), "instance", "migrate"], env=env, cwd=tmp_path, capture_output=True, timeout=180
+    )
+    assert migrate.returncode == 0, migrate.stdout.decode() + migrate.stderr.decode()
+
+    web_port = free_port()
+    web = f"http://127.0.0.1:{web_port}"
+    with running([]) as children:
+        replicas: list[Child] = []
+        markers = tmp_path / "slow_workers"
+        for i, port in enumerate(replica_ports, 1):
+            argv = [dagster_bin("dagster"), "api", "grpc", "-m", "marketing_pipelines.definitions"]
+            argv += ["-h", "127.0.0.1", "-p", str(port), "--fixed-server-id", RELEASE]
+            replica_env = env
+            if lost == "host" and i == 1:
+                (tmp_path / "slow" / "sitecustomize.py").parent.mkdir()
+                (tmp_path / "slow" / "sitecustomize.py").write_text(SLOW_WORKERS)
+                markers.mkdir()
+                replica_env = {**env, "PYTHONPATH": str(tmp_path / "slow"), "SLOW_WORKER_MARKERS": str(markers)}
+            replicas.append(start(f"replica_{i}", argv, replica_env, tmp_path))
+        children.extend(replicas)
+        balancer_argv = [haproxy, "-db", "-f", str(REPO_ROOT / "deploy" / "haproxy.cfg")]
+        children.append(start("haproxy", balancer_argv, env, tmp_path))
+        workspace = ["-w", str(tmp_path / "workspace.yaml")]
+        web_argv = [dagster_bin("dagster-webserver"), *workspace, "-h", "127.0.0.1", "-p", str(web_port)]
+        children.append(start("webserver", web_argv, env, tmp_path))
+        located = wait_for("the UI to load the location through the balancer", lambda: _location(web), 120, children, 2)
+        daemon = start("daemon", [dagster_bin("dagster-daemon"), "run", *workspace], env, tmp_path)
+        children.append(daemon)
+
+        if lost == "process":
+            # Once runs are being launched (claims made, run requests in Dagster), the server process dies;
+            # the run workers it already started finish on their own.
+            wait_for("the first execution runs to be requested", lambda: _runs_requested(dagster) >= 3, 120, children)
+            os.kill(replicas[0].process.pid, signal.SIGKILL)
+            bound = RECOVERY_SECONDS
+        elif lost == "drained":
+            # The runbook's way to take a replica out: no new calls through the balancer, then SIGTERM, which
+            # lets the runs it started finish before the server exits.
+            wait_for("the first execution runs to be requested", lambda: _runs_requested(dagster) >= 3, 120, children)
+            drain = "set server code_server_replicas/replica_1 state drain"
+            assert _haproxy_command(tmp_path / "haproxy.sock", drain).strip() == ""
+            time.sleep(2)  # calls already on their way through the balancer arrive
+            os.kill(replicas[0].process.pid, signal.SIGTERM)
+            bound = RECOVERY_SECONDS
+        else:
+            # The machine goes, with every run worker on it, while its first run is between claim and start.
+            wait_for("a run worker on replica 1", lambda: any(markers.iterdir()), 120, children, interval=0.2)
+            os.killpg(replicas[0].process.pid, signal.SIGKILL)
+            bound = HOST_RECOVERY_SECONDS
+        killed_at = time.monotonic()
+        survivors = [c for c in children if c is not replicas[0]]
+        wait_for(
+            f"all {EXECUTIONS} executions to succeed within {bound} s of the kill",
+            lambda: _statuses(engine) == Counter({"SUCCEEDED": EXECUTIONS}),
+            bound,
+            survivors,
+            interval=1,
+            detail=lambda: f"{dict(_statuses(engine))}; daemon log:\n{daemon.log_tail(30)}",
+        )
+        recovered_in = time.monotonic() - killed_at
+        after = _location(web)
+        time.sleep(3 * SENSOR_INTERVAL)  # a few more ticks on the survivor alone
+        ticks = _sensor_ticks(dagster, "due_executions_sensor")
+        daemon_log = daemon.log_path.read_text(errors="replace")
+
+    # Each execution once: one delivery per idempotency key, one key per execution.
+    keys = Counter(r.headers["idempotency-key"] for r in hook.received)
+    assert len(keys) == len(due) and set(keys.values()) == {1}, keys.most_common(3)
+    with engine.connect() as conn:
+        owners = set(conn.execute(sa.select(marketing_execution.c.run_id)).scalars())
+    assert None not in owners
+    with dagster.connect() as conn:
+        runs = dict(conn.execute(sa.text("SELECT status, count(*) FROM runs GROUP BY status")).all())
+    print(f"{lost} lost: all succeeded {recovered_in:.1f} s after the kill; Dagster runs by status: {runs}")
+    if lost == "drained":
+        assert runs == {"SUCCESS": EXECUTIONS // PER_RUN}, "a drained replica failed a run"
+    if lost == "host":
+        # The run caught between claim and start failed (its launch broke off, or by run monitoring's start
+        # timeout) instead of waiting out a lease.
+        assert runs.get("FAILURE", 0) >= 1, runs
+
+    # One codebase, one location: the UI shows the whole asset graph under one name, before and after the kill.
+    names, assets = located
+    assert names == ["marketing_pipelines"] and after == located
+    assert assets == len(list(defs.resolve_asset_graph().get_all_asset_keys()))
+    assert "multiple code locations" not in daemon_log
+    # Each sensor and schedule is stored once, and the claiming sensor ticks once per interval, not once per replica.
+    stored = _stored_instigators(dagster)
+    assert stored["due_executions_sensor"] == 1 and stored["execution_run_failure_sensor"] == 1, stored
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert len(ticks) >= 5 and min(gaps) >= SENSOR_INTERVAL * 0.9, gaps
