@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import functools
 import json
+import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import click
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from marketing_pipelines.cli import main
+from marketing_pipelines.db.engine import get_engine
 
 Cli = Callable[..., Result]
 
@@ -172,6 +175,25 @@ def test_unreachable_postgres_is_one_clear_line() -> None:
     assert result.exit_code == 1
     assert "cannot connect to postgresql+psycopg2://nobody@127.0.0.1:1/nothing" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_role_without_the_rights_gets_one_line_naming_what_was_refused(pg_url: str) -> None:
+    # Deployed, the CLI connects as an application role (deploy/provision.sh). One that lacks a right
+    # (here: any right at all on the tables) gets PostgreSQL's reason in one line, not a traceback.
+    role = f"mp_norights_{uuid.uuid4().hex[:8]}"
+    admin = get_engine(pg_url)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE ROLE "{role}" LOGIN'))
+    try:
+        url = sa.engine.make_url(pg_url).set(username=role, password=None).render_as_string(hide_password=False)
+        result = cli_for(url)("executions", "list")
+        assert result.exit_code == 1, result.output
+        assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+        assert "the database refused this command: permission denied for table" in result.output
+        assert "deploy/provision.sh" in result.output
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP ROLE "{role}"'))
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,8 @@ class FriendlyGroup(click.Group):
         except Exception as exc:
             if is_service_error(exc):  # its message may quote a receiver's answer
                 raise click.ClickException(visible_controls(str(exc))) from None
+            if (refused := permission_refused(exc)) is not None:
+                raise click.ClickException(visible_controls(refused)) from None
             raise
 
 
@@ -69,6 +71,22 @@ def is_service_error(exc: Exception) -> bool:
     """
     http = sys.modules.get("marketing_pipelines.http")
     return http is not None and isinstance(exc, http.ServiceError)
+
+
+def permission_refused(exc: Exception) -> str | None:
+    """One line for a statement PostgreSQL refused for lack of a privilege (SQLSTATE 42501), else None.
+
+    Deployed, the CLI connects as the application role, which reads and writes rows only
+    (deploy/provision.sh); a command that needs more is a setup problem to name, not a crash to trace.
+    PostgreSQL's own first line names the object and never a value.
+    """
+    if not isinstance(exc, sa.exc.DBAPIError) or getattr(exc.orig, "pgcode", None) != "42501":
+        return None
+    first = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else "permission denied"
+    return (
+        f"the database refused this command: {first}. The role in MARKETING_DATABASE_URL lacks that right; "
+        "deploy/provision.sh grants what the application needs, and deploy/migrate.sh applies schema changes."
+    )
 
 
 def settings() -> Settings:
