@@ -149,7 +149,10 @@ def run_agent(
         except (token_bucket.ModelRateLimited, RateLimited) as exc:
             wait = exc.retry_after_s
             context.log.info(shown_text(f"Agent run {agent_run_id}: {exc}; retrying this step in {wait:.0f}s."))
-            # The row stays RUNNING under this run; the retried step takes it over again.
+            # The row stays RUNNING under this run for the wait and its usual lease after it, so the
+            # retried step takes it over again instead of finding it requeued (and the claiming sensor
+            # does not take a run that is waiting on purpose for one whose worker died).
+            keeper.hold_for(wait + lease_s)
             raise dg.RetryRequested(max_retries=RATE_LIMIT_RETRIES, seconds_to_wait=wait) from exc
         except ServiceError as exc:
             error = redact_text(str(exc))

@@ -5,6 +5,7 @@
 """
 
 import json
+from collections.abc import Callable
 
 import dagster as dg
 import sqlalchemy as sa
@@ -18,7 +19,6 @@ from marketing_pipelines.db.leased_runs import (
     TAG_CAMPAIGN_ID,
     TAG_CLAIMED_BY,
     claim_requests,
-    is_run_of,
     reconcile_run,
     sensor_instance,
 )
@@ -69,7 +69,7 @@ def claim_agent_run_requests(
     batch_size: int,
     pool_limit: int,
     grace_seconds: int,
-    instance: dg.DagsterInstance | None = None,
+    instance: Callable[[], dg.DagsterInstance | None] | None = None,
 ) -> tuple[list[dg.RunRequest], str]:
     """Recover expired agent-run leases and claim what the pool can start now.
 
@@ -144,7 +144,7 @@ def queued_agent_runs_sensor(
         agent_settings.batch_size,
         pool_limit,
         agent_settings.lease_grace_seconds,
-        sensor_instance(context),
+        lambda: sensor_instance(context),
     )
     if not requests:
         return dg.SkipReason(f"Nothing to start ({summary}).")
@@ -154,15 +154,13 @@ def queued_agent_runs_sensor(
 
 @dg.run_failure_sensor(
     name="agent_run_failure_sensor",
-    monitor_all_code_locations=True,
+    monitored_jobs=[agent_run_job],
     minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Retries or fails an agent run whose Dagster run failed before recording it.",
 )
 def agent_run_failure_sensor(context: dg.RunFailureSensorContext, app_db: AppDatabase) -> None:
     run = context.dagster_run
-    if not is_run_of(run, agent_run_job.name):
-        return
     message = context.failure_event.message or "run failed"
     status = reconcile_agent_run(app_db.engine(), run, "FAILED", f"Dagster run {run.run_id} failed: {message}")
     if status:
@@ -172,15 +170,13 @@ def agent_run_failure_sensor(context: dg.RunFailureSensorContext, app_db: AppDat
 @dg.run_status_sensor(
     name="agent_run_canceled_sensor",
     run_status=dg.DagsterRunStatus.CANCELED,
-    monitor_all_code_locations=True,
+    monitored_jobs=[agent_run_job],
     minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Marks an agent run CANCELLED when its Dagster run was canceled.",
 )
 def agent_run_canceled_sensor(context: dg.RunStatusSensorContext, app_db: AppDatabase) -> None:
     run = context.dagster_run
-    if not is_run_of(run, agent_run_job.name):
-        return
     status = reconcile_agent_run(app_db.engine(), run, CANCELLED, f"Dagster run {run.run_id} was canceled")
     if status:
         context.log.info(f"Run {run.run_id}: agent run now {status}.")

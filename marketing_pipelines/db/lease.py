@@ -443,6 +443,20 @@ class LeaseKeeper:
                         f"{self._queue.table.name} {row_id}: lease lost (no longer RUNNING under {self._owner})"
                     )
 
+    def hold_for(self, seconds: float) -> set[int]:
+        """Stop renewing and extend every held lease to ``seconds`` from now, in one statement; the ids still held.
+
+        For a worker about to wait on purpose (a step retried after a rate limit's Retry-After): its rows
+        stay its own for the wait instead of expiring as if it had died. The renewal thread is stopped
+        first, so it cannot shorten the lease again afterwards.
+        """
+        self._stop.set()
+        self._thread.join(timeout=5)
+        with self._guard:
+            held = sorted(self._held)
+        with self._engine.begin() as conn:
+            return renew_many(conn, self._queue, held, self._owner, seconds)
+
     def __enter__(self) -> LeaseKeeper:
         self._thread.start()
         return self

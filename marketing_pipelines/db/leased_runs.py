@@ -8,6 +8,7 @@ take-over at the top of an op, and the reconciliation of a run that ended withou
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,8 @@ from marketing_pipelines.db.lease import (
     take_over_many,
 )
 
+logger = logging.getLogger(__name__)
+
 # The sensor tick's lease owner, so a run (or its reconciliation) can take the rows over from it.
 TAG_CLAIMED_BY = "marketing/claimed_by"
 # When every row of the run is of one campaign (values only: a slug may be longer than a tag key's section).
@@ -36,16 +39,6 @@ TAG_CAMPAIGN_ID = "marketing/campaign_id"
 # How often the run-status sensors hand back what failed or canceled runs held. Dagster's default
 # (30 s) would be most of the minute a dead replica may cost; each tick is one event-log query.
 RECONCILE_INTERVAL_SECONDS = 10
-
-
-def is_run_of(run: dg.DagsterRun, job_name: str) -> bool:
-    """Whether a run a run-status sensor sees is one of ``job_name``'s.
-
-    The sensors watch every code location (``monitor_all_code_locations``), so that a run is
-    reconciled whichever location launched it (one codebase loaded as several locations during a
-    migration, or by an old workspace file); Dagster then passes them every job's runs.
-    """
-    return run.job_name == job_name
 
 
 def run_owner(run_id: str) -> str:
@@ -81,19 +74,22 @@ def claim_requests(
     lease_seconds: float,
     to_requests: Callable[[Sequence[sa.RowMapping]], list[dg.RunRequest]],
     after_recovery: Callable[[sa.Connection, Recovery], None] | None = None,
-    instance: dg.DagsterInstance | None = None,
+    instance: Callable[[], dg.DagsterInstance | None] | None = None,
 ) -> Claim:
     """Recover expired leases, then claim up to ``room`` ready rows and turn them into run requests.
 
     Recovery commits first in its own transaction: a claim that fails must not undo it. ``room``
-    may be computed inside the claim's transaction (the agent pool's free slots). With an
-    ``instance``, the runs whose leases expired are marked failed (``fail_abandoned_runs``).
+    may be computed inside the claim's transaction (the agent pool's free slots). With ``instance``
+    (called only when some lease expired under a run), the runs whose leases expired are marked
+    failed (``fail_abandoned_runs``).
     """
     with engine.begin() as conn:
         recovery = recover_expired(conn, queue)
         if after_recovery is not None:
             after_recovery(conn, recovery)
-    abandoned = fail_abandoned_runs(instance, recovery.run_ids, queue) if instance is not None else ()
+    abandoned: tuple[str, ...] = ()
+    if recovery.run_ids and instance is not None and (dagster := instance()) is not None:
+        abandoned = fail_abandoned_runs(dagster, recovery.run_ids, queue)
     with engine.begin() as conn:
         limit = room(conn) if callable(room) else room
         rows = claim_batch(conn, queue, claimed_by, limit, lease_seconds) if limit > 0 else []
@@ -111,14 +107,16 @@ def sensor_instance(context: dg.SensorEvaluationContext) -> dg.DagsterInstance |
 def fail_abandoned_runs(instance: dg.DagsterInstance, run_ids: Sequence[str], queue: LeaseQueue) -> tuple[str, ...]:
     """Mark FAILURE each of ``run_ids`` that Dagster still shows starting or started; returns those it marked.
 
-    A run worker renews the leases of everything it took over every few seconds, so a lease that
-    ran out means its worker is gone or has been cut off from the database for a whole lease: its
-    work is back in the queue already, and the run would otherwise show STARTED for ever. Dagster's
-    run monitoring cannot see this with the default run launcher, which has no worker health check
-    (a code server's machine that went away takes its run workers with it). Failing the run makes it
-    show where operators look (the Runs page, run-failure alerts); the run-failure sensor then finds
-    nothing left to hand back. Fenced like everything else: a worker that is only slow finds its
-    leases gone and records nothing.
+    A run worker renews the leases of everything it took over every third of a lease (and extends
+    them before a wait it chose, ``LeaseKeeper.hold_for``), so a lease that ran out means its worker
+    is gone or was cut off from the database for a whole lease: its work is already back in the
+    queue, and the run would otherwise show STARTED for ever. Dagster's run monitoring cannot see
+    this with the default run launcher, which has no worker health check (a code server's machine
+    that went away takes its run workers with it). Failing the run makes it show where operators
+    look (the Runs page, run-failure alerts); the run-failure sensor then finds nothing left to hand
+    back. A worker that was only cut off records nothing in the application database (every write
+    is fenced by its lease), though Dagster lets its later run events overwrite this status. One
+    run that cannot be marked is logged and left as it is: the work itself is already requeued.
     """
     marked = []
     for run_id in run_ids:
@@ -129,7 +127,11 @@ def fail_abandoned_runs(instance: dg.DagsterInstance, run_ids: Sequence[str], qu
             f"Run worker gone: it stopped renewing the leases of the {queue.row_noun.lower()}s it held, which are "
             "back in the queue (its code server's machine or process died, or it lost the database for a whole lease)."
         )
-        instance.report_run_failed(run, message)
+        try:
+            instance.report_run_failed(run, message)
+        except Exception:  # Dagster's storage refused; the rows are requeued already, so only the run's status is left
+            logger.exception("Could not mark run %s FAILURE after its leases expired", run_id)
+            continue
         marked.append(run_id)
     return tuple(marked)
 
@@ -191,6 +193,7 @@ def reconcile_run(
     *,
     retry_delay_seconds: Callable[[int], float],
     on_status: Callable[[sa.Connection, int, int, str], None] | None = None,
+    never_started: bool = False,
 ) -> dict[str, int]:
     """Record the outcome of each row a run was launched for and still holds, when it ended without recording one.
 
@@ -198,7 +201,8 @@ def reconcile_run(
     before taking it over) and by run id: rows the run already finished, or that another attempt owns
     by now, are left alone. ``outcome`` CANCELLED ends a row CANCELLED; anything else retries it
     (or fails it after its last attempt). ``on_status`` gets each changed row's id, its attempt (read
-    from the row, so no run tag has to carry it) and new status. Returns how many rows got which status.
+    from the row, so no run tag has to carry it) and new status. ``never_started``: the run failed
+    before its worker started (``run_never_started``). Returns how many rows got which status.
     """
     claimed_by = run.tags.get(TAG_CLAIMED_BY, "")
     owners = [run_owner(run.run_id), claimed_by]
@@ -208,11 +212,13 @@ def reconcile_run(
             if outcome == CANCELLED:
                 done = finish(conn, queue, row_id, owners, CANCELLED, {queue.error_column: reason})
                 status = CANCELLED if done else None
-            elif owner == claimed_by:
-                # The run ended before taking the row over (its worker never started: a launch that
-                # failed, a code server that died between claim and start), so nothing was tried and
-                # nothing needs backing off: the row is due again at once. The claim still counts as
-                # an attempt, so a launch that always fails ends the row FAILED instead of cycling.
+            elif never_started and owner == claimed_by:
+                # The run's worker never started (a launch that could not be delivered, run monitoring's
+                # start timeout after its machine went away), so nothing was tried and nothing needs
+                # backing off: the row is due again at once. A worker that started and failed before
+                # taking the row over (a schema it refuses, a resource that cannot start) backs off like
+                # any failed attempt. The claim still counts as an attempt either way, so a launch that
+                # always fails ends the row FAILED instead of cycling.
                 never = f"{reason} (before it took this {queue.row_noun.lower()} over; due again at once)"
                 status = retry_or_fail(conn, queue, row_id, [owner], never, 0.0, run_id=run.run_id)
             else:
@@ -223,6 +229,12 @@ def reconcile_run(
                     on_status(conn, row_id, attempt, status)
                 statuses[status] = statuses.get(status, 0) + 1
     return statuses
+
+
+def run_never_started(instance: dg.DagsterInstance, run_id: str) -> bool:
+    """Whether Dagster never saw this run's worker start (no start time on its run record)."""
+    record = instance.get_run_record_by_id(run_id)
+    return record is not None and record.start_time is None
 
 
 def held_rows(

@@ -17,8 +17,8 @@ from marketing_pipelines.db.leased_runs import (
     TAG_CAMPAIGN_ID,
     TAG_CLAIMED_BY,
     claim_requests,
-    is_run_of,
     reconcile_run,
+    run_never_started,
     sensor_instance,
 )
 from marketing_pipelines.db.resources import AppDatabase
@@ -78,7 +78,10 @@ def _end_expired_attempts(conn: sa.Connection, recovery: Recovery) -> None:
 
 
 def claim_execution_requests(
-    engine: sa.Engine, claimed_by: str, settings: ExecutionSettings, instance: dg.DagsterInstance | None = None
+    engine: sa.Engine,
+    claimed_by: str,
+    settings: ExecutionSettings,
+    instance: Callable[[], dg.DagsterInstance | None] | None = None,
 ) -> tuple[list[dg.RunRequest], str]:
     """Recover expired leases, claim up to ``batch_size`` due rows and group them into runs.
 
@@ -118,7 +121,7 @@ def due_executions_sensor(
     if isinstance(engine, dg.SkipReason):
         return engine
     requests, summary = claim_execution_requests(
-        engine, new_claim_owner(), execution_settings, sensor_instance(context)
+        engine, new_claim_owner(), execution_settings, lambda: sensor_instance(context)
     )
     if not requests:
         return dg.SkipReason(f"Nothing due ({summary}).")
@@ -132,6 +135,7 @@ def reconcile_execution_run(
     outcome: str,
     reason: str,
     retry_delay_seconds: Callable[[int], float] = lambda attempt: 0.0,
+    never_started: bool = False,
 ) -> dict[str, int]:
     """Record the outcome of every execution a Dagster run held when it ended without recording one,
     and close each one's attempt; returns how many rows got which new status."""
@@ -149,6 +153,7 @@ def reconcile_execution_run(
         reason,
         retry_delay_seconds=retry_delay_seconds,
         on_status=end_its_attempt,
+        never_started=never_started,
     )
 
 
@@ -160,7 +165,7 @@ def _log_reconciled(context: dg.RunStatusSensorContext, statuses: Mapping[str, i
 
 @dg.run_failure_sensor(
     name="execution_run_failure_sensor",
-    monitor_all_code_locations=True,
+    monitored_jobs=[marketing_execution_job],
     minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Retries or fails each execution a failed marketing_execution_job run held without recording it.",
@@ -169,11 +174,14 @@ def execution_run_failure_sensor(
     context: dg.RunFailureSensorContext, app_db: AppDatabase, execution_settings: ExecutionSettings
 ) -> None:
     run = context.dagster_run
-    if not is_run_of(run, marketing_execution_job.name):
-        return
     reason = f"Dagster run {run.run_id} failed: {context.failure_event.message or 'run failed'}"
     statuses = reconcile_execution_run(
-        app_db.engine(), run, "FAILED", reason, retry_delay_seconds=execution_settings.retry_delay_seconds
+        app_db.engine(),
+        run,
+        "FAILED",
+        reason,
+        retry_delay_seconds=execution_settings.retry_delay_seconds,
+        never_started=run_never_started(context.instance, run.run_id),
     )
     _log_reconciled(context, statuses)
 
@@ -181,14 +189,12 @@ def execution_run_failure_sensor(
 @dg.run_status_sensor(
     name="execution_run_canceled_sensor",
     run_status=dg.DagsterRunStatus.CANCELED,
-    monitor_all_code_locations=True,
+    monitored_jobs=[marketing_execution_job],
     minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Marks the executions a canceled marketing_execution_job run held CANCELLED.",
 )
 def execution_run_canceled_sensor(context: dg.RunStatusSensorContext, app_db: AppDatabase) -> None:
     run = context.dagster_run
-    if not is_run_of(run, marketing_execution_job.name):
-        return
     reason = f"Dagster run {run.run_id} was canceled"
     _log_reconciled(context, reconcile_execution_run(app_db.engine(), run, CANCELLED, reason))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 
@@ -126,3 +127,19 @@ def test_lease_keeper_renews_and_notices_loss(engine: sa.Engine) -> None:
             conn.execute(sa.update(t).where(t.c.id == 1).values(lease_owner="thief"))
         assert keeper.lost.wait(timeout=3)
     assert lost and "lease lost" in lost[0]
+
+
+def test_hold_for_extends_the_lease_and_the_keeper_no_longer_shortens_it(engine: sa.Engine) -> None:
+    # An agent step retried after a rate limit waits on purpose: its row must stay its own for the wait,
+    # not expire as if its worker had died (the claiming tick would then mark a healthy run FAILURE).
+    add_campaign(engine)
+    bulk_due_executions(engine, 1)
+    _claim(engine, "w", 1, lease_s=1.5)
+    with lease.LeaseKeeper(engine, EXECUTIONS, 1, "w", 1.5) as keeper:
+        time.sleep(0.6)  # the keeper has renewed at least once
+        assert keeper.hold_for(60) == {1}
+        time.sleep(1.2)  # a keeper still running would have set the lease back to 1.5 s
+    with engine.begin() as conn:
+        assert lease.recover_expired(conn, EXECUTIONS) == lease.Recovery((), ())
+    remaining = _row(engine, 1)["lease_expires_at"] - datetime.now(UTC)
+    assert remaining > timedelta(seconds=55), remaining

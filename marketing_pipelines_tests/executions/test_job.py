@@ -270,56 +270,49 @@ def test_run_failure_sensor_reschedules_every_execution_a_dead_run_held(
     result = perform(request, db_url, instance, app_db=BrokenDatabase(url=db_url))
     assert not result.success
     assert [_row(engine, i)["status"] for i in ids] == ["SUCCEEDED", "RUNNING", "RUNNING"]
-    # The run had taken ids[1] over before it died (its action may have been tried); ids[2] it never took.
-    with engine.begin() as conn:
-        conn.execute(sa.update(t).where(t.c.id == ids[1]).values(lease_owner=f"run:{result.run_id}"))
     before = datetime.now(UTC)
     context = _run_status_context(result, instance, db_url, "execution_run_failure_sensor").for_run_failure()
     execution_run_failure_sensor(context)
     assert [_row(engine, i)["status"] for i in ids] == ["SUCCEEDED", "SCHEDULED", "SCHEDULED"]
     assert all(result.run_id in _row(engine, i)["last_error"] for i in ids[1:])
-    tried, never_tried = _row(engine, ids[1]), _row(engine, ids[2])
-    # What the run may have tried backs off (MARKETING_RETRY_BACKOFF_SECONDS, 60 s for a first attempt) ...
-    assert tried["due_at"] >= before + timedelta(seconds=55)
-    # ... what it never took over is due again at once: a dead replica costs a sensor tick, not a backoff.
-    assert never_tried["due_at"] <= datetime.now(UTC)
-    assert "before it took this execution over" in never_tried["last_error"]
-    assert "before it took" not in tried["last_error"]
-    # The claim still counted as an attempt, so a launch that always fails cannot cycle forever.
-    assert never_tried["attempts"] == 1
+    # The worker started and failed before taking the rows over (its resource could not start): that may
+    # happen again, so the rows back off like any failed attempt (MARKETING_RETRY_BACKOFF_SECONDS, 60 s).
+    assert all(_row(engine, i)["due_at"] >= before + timedelta(seconds=55) for i in ids[1:])
     execution_run_failure_sensor(context)  # a repeated event changes nothing: the rows are not held any more
     assert [_row(engine, i)["status"] for i in ids] == ["SUCCEEDED", "SCHEDULED", "SCHEDULED"]
     assert hook.received == []
 
 
-def test_run_status_sensors_leave_runs_of_other_jobs_alone(
+def test_claims_of_a_run_whose_worker_never_started_are_due_again_at_once(
     db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
 ) -> None:
-    # The sensors watch every code location, so Dagster hands them every job's failed runs; a run of another
-    # job carrying the same tags and config (a copy, a user's own job) must not hand back these claims.
+    # A launch that could not be delivered, or a run left STARTING when its code server's machine went
+    # away: Dagster fails the run before any worker started. Nothing was tried, so nothing backs off; a dead
+    # replica costs a sensor tick, not a backoff (or, before this, a lease).
     ids = _schedule(engine, hook.url, n=2)
     [request] = _tick(db_url, instance)
-
-    @dg.op
-    def other_op() -> None:
-        raise RuntimeError("another job failed")
-
-    @dg.job(name="some_other_job")
-    def other() -> None:
-        other_op()
-
-    result = other.execute_in_process(instance=instance, tags=request.tags, raise_on_error=False)
-    assert not result.success
-    run = result.dagster_run._replace(run_config=request.run_config)
+    run = instance.create_run_for_job(job_def=marketing_execution_job, run_config=request.run_config, tags=request.tags)
+    instance.report_run_failed(run, "Run timed out due to taking longer than 60 seconds to start.")
+    failed = instance.get_run_by_id(run.run_id)
+    assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
+    [failure] = [e for e in instance.all_logs(run.run_id) if e.dagster_event and e.dagster_event.is_run_failure]
     context = dg.build_run_status_sensor_context(
         sensor_name="execution_run_failure_sensor",
         dagster_instance=instance,
-        dagster_run=run,
-        dagster_event=result.get_run_failure_event(),
+        dagster_run=failed,
+        dagster_event=failure.dagster_event,
         resources={"app_db": AppDatabase(url=db_url), "execution_settings": ExecutionSettings()},
     ).for_run_failure()
     execution_run_failure_sensor(context)
-    assert [_row(engine, i)["status"] for i in ids] == ["RUNNING", "RUNNING"]
+    rows = [_row(engine, i) for i in ids]
+    assert [r["status"] for r in rows] == ["SCHEDULED", "SCHEDULED"]
+    assert all(r["due_at"] <= datetime.now(UTC) for r in rows)
+    assert all("before it took this execution over; due again at once" in r["last_error"] for r in rows)
+    # The claim still counted as an attempt, so a launch that always fails cannot cycle forever.
+    assert [r["attempts"] for r in rows] == [1, 1]
+    # ... and the next tick claims them again.
+    [again] = _tick(db_url, instance)
+    assert sorted(executions_of_run(again.run_config)) == sorted(ids)
 
 
 def test_canceled_run_cancels_the_executions_it_held(
