@@ -37,7 +37,9 @@ def throwaway_database(kind: str) -> Iterator[str]:
             shutil.rmtree(folder, ignore_errors=True)
         return
     admin = sa.create_engine(
-        DEFAULT_PG.replace("postgresql://", "postgresql+psycopg2://", 1), isolation_level="AUTOCOMMIT"
+        DEFAULT_PG.replace("postgresql://", "postgresql+psycopg2://", 1),
+        isolation_level="AUTOCOMMIT",
+        pool_pre_ping=True,
     )
     name = f"mp_bench_{uuid.uuid4().hex[:10]}"
     with admin.connect() as conn:

@@ -139,7 +139,9 @@ def log_findings(log_path: Path, limit: int = 12) -> list[str]:
 def dagster_storage_database() -> Iterator[dict[str, str]]:
     """A throwaway PostgreSQL database for Dagster's own storage, as the DAGSTER_PG_* variables."""
     admin = sa.create_engine(
-        DEFAULT_PG.replace("postgresql://", "postgresql+psycopg2://", 1), isolation_level="AUTOCOMMIT"
+        DEFAULT_PG.replace("postgresql://", "postgresql+psycopg2://", 1),
+        isolation_level="AUTOCOMMIT",
+        pool_pre_ping=True,
     )
     name = f"mp_bench_dagster_{uuid.uuid4().hex[:10]}"
     with admin.connect() as conn:

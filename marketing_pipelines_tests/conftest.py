@@ -81,6 +81,31 @@ def pg_url(pg_database: str) -> str:
     return pg_database
 
 
+@pytest.fixture
+def dagster_pg(pg_url: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """A throwaway PostgreSQL database for Dagster's storage: its URL and the DAGSTER_PG_* variables for it."""
+    name = f"mp_dagster_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(get_engine(pg_url).url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = sa.engine.make_url(pg_url)
+    try:
+        yield (
+            url.set(database=name).render_as_string(hide_password=False),
+            {
+                "DAGSTER_PG_HOST": url.host or "127.0.0.1",
+                "DAGSTER_PG_PORT": str(url.port or 5432),
+                "DAGSTER_PG_USER": url.username or "postgres",
+                "DAGSTER_PG_PASSWORD": url.password or "",
+                "DAGSTER_PG_DB": name,
+            },
+        )
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest) -> str:
     """Runs a test on both databases; each test hands the URL to what it runs (resources, CLI env)."""

@@ -18,9 +18,7 @@ import signal
 import socket
 import subprocess
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -69,31 +67,6 @@ WORKSPACE_QUERY = """
 { workspaceOrError { __typename ... on Workspace { locationEntries { name
     locationOrLoadError { __typename ... on RepositoryLocation { repositories { name assetNodes { id } } } } } } } }
 """
-
-
-@pytest.fixture
-def dagster_db(pg_url: str) -> Iterator[tuple[str, dict[str, str]]]:
-    """A throwaway PostgreSQL database for Dagster's storage: its URL and the DAGSTER_PG_* variables for it."""
-    name = f"mp_dagster_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(get_engine(pg_url).url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.engine.make_url(pg_url)
-    try:
-        yield (
-            url.set(database=name).render_as_string(hide_password=False),
-            {
-                "DAGSTER_PG_HOST": url.host or "127.0.0.1",
-                "DAGSTER_PG_PORT": str(url.port or 5432),
-                "DAGSTER_PG_USER": url.username or "postgres",
-                "DAGSTER_PG_PASSWORD": url.password or "",
-                "DAGSTER_PG_DB": name,
-            },
-        )
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def _due_webhooks(engine: sa.Engine, url: str, n: int) -> set[int]:
@@ -171,14 +144,14 @@ def _haproxy_command(socket_path: Path, command: str) -> str:
 
 @pytest.mark.parametrize("lost", ["process", "host", "drained"])
 def test_a_replica_killed_while_work_is_launched_costs_no_execution_and_no_lease(
-    lost: str, pg_url: str, dagster_db: tuple[str, dict[str, str]], hook: Recorder, tmp_path: Path
+    lost: str, pg_url: str, dagster_pg: tuple[str, dict[str, str]], hook: Recorder, tmp_path: Path
 ) -> None:
     haproxy = shutil.which("haproxy")
     if haproxy is None:
         pytest.skip("haproxy is not installed (Debian: apt-get install haproxy)")
     engine = get_engine(pg_url)
     due = _due_webhooks(engine, hook.url, EXECUTIONS)
-    dagster_url, dagster_env = dagster_db
+    dagster_url, dagster_env = dagster_pg
     dagster = get_engine(dagster_url)
 
     home = tmp_path / "dagster_home"

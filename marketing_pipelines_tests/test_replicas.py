@@ -14,8 +14,6 @@ import shutil
 import subprocess
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,29 +65,9 @@ mutation ($selector: SensorSelector!, $cursor: String) {
 
 
 @pytest.fixture
-def dagster_storage_env(pg_url: str) -> Iterator[dict[str, str]]:
-    """A throwaway PostgreSQL database for Dagster's storage, as the DAGSTER_PG_* vars deploy/dagster.yaml reads.
-
-    The variables go to the child processes only; the test's own environment is left alone.
-    """
-    name = f"mp_dagster_{uuid.uuid4().hex[:10]}"
-    # CREATE/DROP DATABASE may run from any database; the app's test database is at hand.
-    admin = sa.create_engine(get_engine(pg_url).url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.engine.make_url(pg_url)
-    try:
-        yield {
-            "DAGSTER_PG_HOST": url.host or "127.0.0.1",
-            "DAGSTER_PG_PORT": str(url.port or 5432),
-            "DAGSTER_PG_USER": url.username or "postgres",
-            "DAGSTER_PG_PASSWORD": url.password or "",
-            "DAGSTER_PG_DB": name,
-        }
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+def dagster_storage_env(dagster_pg: tuple[str, dict[str, str]]) -> dict[str, str]:
+    """The DAGSTER_PG_* variables of a throwaway database for Dagster's storage, for the child processes only."""
+    return dagster_pg[1]
 
 
 def replica_workspace(path: Path) -> list[tuple[str, int]]:

@@ -1,0 +1,670 @@
+"""Faults at load: the deployment as it ships, run under load while its parts are killed, then checked.
+
+The topology of deploy/: PostgreSQL for both databases, ``deploy/dagster.yaml``, two code-server
+replicas (``dagster api grpc --fixed-server-id``) behind HAProxy (``deploy/haproxy.cfg``), the real
+``dagster-daemon`` and ``dagster-webserver`` through ``deploy/workspace.yaml``. A local webhook receiver
+records every delivery's idempotency key and attempt; it answers 500 to about ``--fail-rate`` of them
+and stalls past the client's timeout on about ``--stall-rate`` (decided per key and attempt from the
+seed, so a run repeats).
+
+The load: ``--executions`` webhook executions due over ``--spread`` seconds, ``--agent-runs`` agent runs
+(offline provider) from ``--users`` users, a ``--backfill-days`` measurement backfill launched as the UI
+launches one, and a file of events loaded while it runs.
+
+Two rounds in one invocation, on fresh databases each: the load alone ("calm"), then the same load
+with faults injected on a schedule drawn from the seed ("faults"): SIGKILL of the daemon (started
+again), of run workers in the middle of a batch and of an agent run, of a code server (started
+again), a PostgreSQL restart (``pg_ctlcluster ... restart``, needs root), and the receiver going
+away for 30 s. After the last fault nothing is touched: the round waits for the system to drain by
+itself, then checks and prints each figure:
+
+- every execution terminal (SUCCEEDED, or FAILED with a reason), none RUNNING, none SCHEDULED and due;
+- every idempotency key delivered at least once; deliveries beyond one per key counted by cause;
+  distinct keys answered 200 = executions that SUCCEEDED;
+- every agent run terminal, none QUEUED or RUNNING; no agent_runs pool slot held by a finished run;
+- every backfilled day rolled up and equal to an independent count of its events;
+- no code server restarted or shut itself down except the one killed on purpose;
+- faults injected, time from the last fault to drained, executions per minute against the calm round.
+
+It exits non-zero when a check fails.
+
+    python benchmarks/soak.py --help
+    python benchmarks/soak.py                                   # default sizes (about 15-25 min here)
+    python benchmarks/soak.py --executions 200 --agent-runs 10 --backfill-days 10 --spread 40 --no-calm
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import sqlalchemy as sa
+from _common import print_table, throwaway_database
+from _daemon import Daemon, daemon_env, dagster_bin, dagster_storage_database, log_findings
+from _measurement_events import generate_events
+from backfill import asset_backfill, day_totals, free_port, graphql, launch
+
+from marketing_pipelines.agents import users
+from marketing_pipelines.agents.queue import request_agent_run
+from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
+from marketing_pipelines.db.engine import get_engine
+from marketing_pipelines.db.schema import agent_run, marketing_execution
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = REPO_ROOT / "deploy"
+CAMPAIGN = "soak-launch"
+RELEASE = "soak-release"
+WEBHOOK_TIMEOUT_S = 2.0  # MARKETING_WEBHOOK_TIMEOUT_SECONDS: a stall lasts longer than this
+TERMINAL_AGENT = {"SUCCEEDED", "FAILED", "REFUSED", "CANCELLED"}
+
+
+# --- the webhook receiver --------------------------------------------------------------------------
+
+
+@dataclass
+class Delivery:
+    key: str
+    attempt: str
+    answer: str  # "200", "500", "stalled", or "200 late" (answered after the sender's timeout)
+
+
+@dataclass
+class Receiver:
+    seed: int
+    fail_rate: float
+    stall_rate: float
+    deliveries: list[Delivery] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    port: int = 0
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def decide(self, key: str, attempt: str) -> str:
+        """200, 500 or a stall for this key and attempt: drawn from the seed, so a run repeats."""
+        digest = hashlib.sha256(f"{self.seed}:{key}:{attempt}".encode()).digest()
+        draw = int.from_bytes(digest[:8], "big") / 2**64
+        if draw < self.stall_rate:
+            return "stalled"
+        return "500" if draw < self.stall_rate + self.fail_rate else "200"
+
+    def start(self) -> None:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                received = time.monotonic()
+                self.rfile.read(int(self.headers.get("content-length", "0")))
+                key = self.headers.get("idempotency-key", "")
+                attempt = self.headers.get("marketing-attempt", "")
+                answer = receiver.decide(key, attempt)
+                delivery = Delivery(key, attempt, answer)
+                with receiver.lock:
+                    receiver.deliveries.append(delivery)
+                if answer == "stalled":
+                    time.sleep(WEBHOOK_TIMEOUT_S + 1)  # the client has given up by now
+                    return
+                self.send_response(int(answer))
+                self.send_header("content-length", "0")
+                self.end_headers()
+                if answer == "200" and time.monotonic() - received > WEBHOOK_TIMEOUT_S:
+                    # Answered after the sender's timeout (this process was starved of CPU): the sender saw a
+                    # timeout and will try again, so this 200 is an effect it could not know of.
+                    delivery.answer = "200 late"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server.daemon_threads = True
+        self.port = server.server_address[1]
+        self.server = server
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        """Gone: new connections are refused until ``start`` binds the same port again."""
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+# --- the deployment ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Deployment:
+    env: dict[str, str]
+    logs: Path
+    replica_ports: list[int]
+    web_port: int
+    replicas: list[Daemon] = field(default_factory=list)
+    others: dict[str, Daemon] = field(default_factory=dict)
+    restarts: Counter[str] = field(default_factory=Counter)
+
+    def start_replica(self, i: int) -> None:
+        argv = [dagster_bin("dagster"), "api", "grpc", "-m", "marketing_pipelines.definitions"]
+        argv += ["-h", "127.0.0.1", "-p", str(self.replica_ports[i]), "--fixed-server-id", RELEASE]
+        log = self.logs / f"replica_{i + 1}.{self.restarts[f'replica_{i + 1}']}.log"
+        daemon = Daemon.start(self.env, log, argv)
+        if i < len(self.replicas):
+            self.replicas[i] = daemon
+        else:
+            self.replicas.append(daemon)
+
+    def start_daemon(self) -> None:
+        log = self.logs / f"daemon.{self.restarts['daemon']}.log"
+        workspace = str(self.logs / "workspace.yaml")
+        self.others["daemon"] = Daemon.start(self.env, log, [dagster_bin("dagster-daemon"), "run", "-w", workspace])
+
+    def start(self) -> None:
+        shutil.copy(DEPLOY / "workspace.yaml", self.logs / "workspace.yaml")
+        for i in range(len(self.replica_ports)):
+            self.start_replica(i)
+        haproxy = shutil.which("haproxy")
+        if haproxy is None:
+            sys.exit("haproxy is not installed (Debian: apt-get install haproxy)")
+        self.others["haproxy"] = Daemon.start(
+            self.env, self.logs / "haproxy.log", [haproxy, "-db", "-f", str(DEPLOY / "haproxy.cfg")]
+        )
+        workspace = str(self.logs / "workspace.yaml")
+        web = [dagster_bin("dagster-webserver"), "-w", workspace, "-h", "127.0.0.1", "-p", str(self.web_port)]
+        self.others["webserver"] = Daemon.start(self.env, self.logs / "webserver.log", web)
+        self.start_daemon()
+
+    def stop(self) -> None:
+        for name in ("daemon", "webserver", "haproxy"):
+            if name in self.others:
+                self.others[name].stop()
+        for replica in self.replicas:
+            replica.stop()
+
+
+@contextlib.contextmanager
+def deployment(app_url: str, logs: Path, overrides: Mapping[str, str]) -> Iterator[Deployment]:
+    with dagster_storage_database() as pg:
+        home = logs / "dagster_home"
+        home.mkdir()
+        shutil.copy(DEPLOY / "dagster.yaml", home / "dagster.yaml")
+        balancer, ports, stats = free_port(), [free_port(), free_port()], free_port()
+        env = daemon_env(
+            app_url,
+            home,
+            pg,
+            {
+                "CODE_SERVERS_HOST": "127.0.0.1",
+                "CODE_SERVERS_PORT": str(balancer),
+                "CODE_SERVERS_BIND": f"127.0.0.1:{balancer}",
+                "CODE_SERVER_1": f"127.0.0.1:{ports[0]}",
+                "CODE_SERVER_2": f"127.0.0.1:{ports[1]}",
+                "HAPROXY_STATS_BIND": f"127.0.0.1:{stats}",
+                "HAPROXY_ADMIN_SOCKET": str(logs / "haproxy.sock"),
+                **overrides,
+            },
+        )
+        migrate = subprocess.run(
+            [dagster_bin("dagster"), "instance", "migrate"], env=env, cwd=logs, capture_output=True, timeout=300
+        )
+        if migrate.returncode != 0:
+            sys.exit(migrate.stdout.decode() + migrate.stderr.decode())
+        deploy = Deployment(env, logs, ports, free_port())
+        try:
+            deploy.start()
+            yield deploy
+        finally:
+            deploy.stop()
+
+
+LOCATION_QUERY = """
+{ workspaceOrError { ... on Workspace { locationEntries { name locationOrLoadError { __typename } } } } }
+"""
+
+
+def wait_loaded(client: httpx.Client, webserver: Daemon, timeout_s: float = 180) -> None:
+    """Until the webserver has the location's definitions (not a load error from before the replicas were up)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        webserver.check_alive()
+        with contextlib.suppress(httpx.HTTPError, KeyError, TypeError):
+            entries = graphql(client, LOCATION_QUERY)["workspaceOrError"]["locationEntries"]
+            if entries and all(e["locationOrLoadError"]["__typename"] == "RepositoryLocation" for e in entries):
+                return
+        time.sleep(2)
+    raise RuntimeError(f"the webserver did not load the location; log:\n{webserver.log_tail()}")
+
+
+# --- load ----------------------------------------------------------------------------------------------
+
+
+def seed_load(engine: sa.Engine, args: argparse.Namespace, receiver: Receiver) -> datetime:
+    """The executions and agent runs of one round; returns when the last execution is due."""
+    now = datetime.now(UTC)
+    last_due = now + timedelta(seconds=args.spread)
+    with engine.begin() as conn:
+        upsert_campaign(conn, Campaign(id=CAMPAIGN, name="Soak launch", owner="ana"))
+        rows = [
+            {
+                "campaign_id": CAMPAIGN,
+                "stage": "launch",
+                "action": "webhook",
+                "payload": {"url": receiver.url, "body": {"n": i}},
+                "due_at": now + timedelta(seconds=10 + (args.spread - 10) * i / max(args.executions - 1, 1)),
+                "status": "SCHEDULED",
+                "attempts": 0,
+                "max_attempts": 3,
+                "created_at": now,
+                "updated_at": now,
+            }
+            for i in range(args.executions)
+        ]
+        conn.execute(sa.insert(marketing_execution), rows)
+        for u in range(args.users):
+            user = f"user-{u}"
+            users.add_user(conn, user)
+            for permission in ("campaign:read", "measurement:read", "execution:read"):
+                users.grant(conn, user, permission)
+        for i in range(args.agent_runs):
+            request_agent_run(
+                conn,
+                agent="measurement_analyst",
+                campaign_id=CAMPAIGN,
+                requested_by=f"user-{i % args.users}",
+                provider="offline",
+            )
+    return last_due
+
+
+def write_events(path: Path, args: argparse.Namespace, first_day: date) -> int:
+    frame = generate_events(
+        args.events, first_day, args.backfill_days, actors=max(args.events // 10, 1), seed=args.seed
+    )
+    frame["campaign_id"] = CAMPAIGN
+    with path.open("w") as out:
+        for i, row in enumerate(frame.itertuples(index=False)):
+            record = {
+                "event_id": f"soak-{i}",
+                "campaign_id": row.campaign_id,
+                "stage": row.stage,
+                "event_type": row.event_type,
+                "occurred_at": row.occurred_at.isoformat(),
+            }
+            if isinstance(row.actor_id, str):
+                record["actor_id"] = row.actor_id
+            out.write(json.dumps(record) + "\n")
+    return len(frame)
+
+
+def load_events(env: Mapping[str, str], path: Path, logs: Path) -> subprocess.Popen[bytes]:
+    """``marketing-pipelines events load FILE``, in the background, as an operator would while work runs."""
+    log = (logs / "events-load.log").open("wb")
+    return subprocess.Popen(
+        [dagster_bin("marketing-pipelines"), "events", "load", str(path)],
+        env=dict(env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+# --- faults --------------------------------------------------------------------------------------------
+
+
+def run_workers(replica: Daemon) -> list[int]:
+    """Pids of the run workers a code server spawned (multiprocessing children of its process)."""
+    out = subprocess.run(["pgrep", "-P", str(replica.process.pid)], capture_output=True, text=True).stdout
+    workers = []
+    for pid in out.split():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            if b"--multiprocessing-fork" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                workers.append(int(pid))
+    return workers
+
+
+def _kill_workers(deploy: Deployment, how_many: int) -> str:
+    pids = [pid for replica in deploy.replicas for pid in run_workers(replica)][:how_many]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return f"SIGKILL {len(pids)} run worker(s)"
+
+
+def _restart_daemon(deploy: Deployment) -> str:
+    daemon = deploy.others["daemon"]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(daemon.process.pid, signal.SIGKILL)
+    daemon.process.wait(10)
+    time.sleep(5)
+    deploy.restarts["daemon"] += 1
+    deploy.start_daemon()
+    return "SIGKILL the daemon, started again 5 s later"
+
+
+def _restart_code_server(deploy: Deployment, i: int) -> str:
+    replica = deploy.replicas[i]
+    os.kill(replica.process.pid, signal.SIGKILL)  # the server only: the run workers it started go on
+    replica.process.wait(10)
+    time.sleep(10)
+    deploy.restarts[f"replica_{i + 1}"] += 1
+    deploy.start_replica(i)
+    return f"SIGKILL code server {i + 1}, started again 10 s later"
+
+
+def _restart_postgres() -> str:
+    version = sorted(os.listdir("/etc/postgresql"))[0]
+    done = subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"], capture_output=True, timeout=120
+    )
+    if done.returncode != 0:
+        return f"PostgreSQL restart FAILED: {done.stderr.decode().strip()}"
+    return "PostgreSQL restarted (pg_ctlcluster restart)"
+
+
+def _receiver_away(receiver: Receiver, seconds: float) -> str:
+    receiver.stop()
+    time.sleep(seconds)
+    receiver.start()
+    return f"receiver away for {seconds:.0f} s"
+
+
+def fault_plan(
+    args: argparse.Namespace, deploy: Deployment, receiver: Receiver
+) -> list[tuple[float, str, Callable[[], str]]]:
+    """(seconds after the load starts, name, action) for each fault, spread over the load from the seed."""
+    rng = random.Random(args.seed)
+    faults: list[tuple[str, Callable[[], str]]] = [
+        ("daemon", lambda: _restart_daemon(deploy)),
+        ("run workers", lambda: _kill_workers(deploy, 2)),
+        ("code server", lambda: _restart_code_server(deploy, rng.randrange(len(deploy.replicas)))),
+        ("postgres", _restart_postgres),
+        ("receiver", lambda: _receiver_away(receiver, 30)),
+        ("run workers again", lambda: _kill_workers(deploy, 2)),
+    ]
+    chosen = [(name, action) for name, action in faults if name.split()[0] in args.faults]
+    window = max(args.spread - 20, 10)
+    slots = sorted(rng.uniform(15, 15 + window) for _ in chosen)
+    return [(at, name, action) for at, (name, action) in zip(slots, chosen, strict=True)]
+
+
+# --- checks --------------------------------------------------------------------------------------------
+
+
+def execution_states(engine: sa.Engine) -> Counter[str]:
+    with engine.connect() as conn:
+        return Counter(conn.execute(sa.select(marketing_execution.c.status)).scalars())
+
+
+def drained(engine: sa.Engine, dagster: sa.Engine, backfill_id: str | None) -> bool:
+    """Every execution and agent run terminal and the backfill ended; False while a database is restarting."""
+    t, a = marketing_execution, agent_run
+    try:
+        with engine.connect() as conn:
+            open_executions = conn.execute(
+                sa.select(sa.func.count()).where(t.c.status.in_(("SCHEDULED", "RUNNING")))
+            ).scalar_one()
+            open_agents = conn.execute(
+                sa.select(sa.func.count()).where(a.c.status.in_(("QUEUED", "RUNNING")))
+            ).scalar_one()
+        if open_executions or open_agents or backfill_id is None:
+            return not (open_executions or open_agents)
+        with dagster.connect() as conn:
+            query = sa.text("SELECT status FROM bulk_actions WHERE key = :k")
+            status = conn.execute(query, {"k": backfill_id}).scalar()
+    except sa.exc.OperationalError:
+        return False
+    return status in ("COMPLETED", "COMPLETED_SUCCESS", "COMPLETED_FAILED", "FAILED", "CANCELED")
+
+
+RUNS_BY_STATUS = "SELECT status, count(*) FROM runs GROUP BY status"
+
+
+@dataclass
+class Round:
+    label: str
+    seconds_to_drain: float = 0.0
+    executions_per_minute: float = 0.0
+    faults: list[tuple[float, str]] = field(default_factory=list)
+    after_last_fault_s: float = 0.0
+    checks: list[tuple[str, bool, str]] = field(default_factory=list)
+
+    def check(self, what: str, ok: bool, detail: Any = "") -> None:
+        self.checks.append((what, ok, str(detail)))
+
+
+def check_round(
+    result: Round, engine: sa.Engine, receiver: Receiver, deploy: Deployment, args: argparse.Namespace
+) -> None:
+    states = execution_states(engine)
+    with engine.connect() as conn:
+        failed_without_reason = conn.execute(
+            sa.select(sa.func.count()).where(
+                marketing_execution.c.status == "FAILED", marketing_execution.c.last_error.is_(None)
+            )
+        ).scalar_one()
+        succeeded_keys = {
+            f"marketing-execution-{i}"
+            for i in conn.execute(
+                sa.select(marketing_execution.c.id).where(marketing_execution.c.status == "SUCCEEDED")
+            ).scalars()
+        }
+        all_keys = {f"marketing-execution-{i}" for i in conn.execute(sa.select(marketing_execution.c.id)).scalars()}
+        agents = Counter(conn.execute(sa.select(agent_run.c.status)).scalars())
+        failed_reasons = Counter(
+            (reason or "")[:60]
+            for reason in conn.execute(
+                sa.select(marketing_execution.c.last_error).where(marketing_execution.c.status == "FAILED")
+            ).scalars()
+        )
+    terminal = states["SUCCEEDED"] + states["FAILED"] == args.executions
+    result.check(
+        "every execution terminal (SUCCEEDED, or FAILED with a reason)",
+        terminal and not failed_without_reason,
+        dict(states),
+    )
+    result.check("why executions FAILED", True, dict(failed_reasons.most_common(3)))
+    delivered = Counter(d.key for d in receiver.deliveries)
+    result.check(
+        "every idempotency key delivered at least once",
+        all_keys <= set(delivered),
+        f"{len(all_keys - set(delivered))} never",
+    )
+    answered_200 = Counter(d.key for d in receiver.deliveries if d.answer == "200")
+    effects = set(answered_200)
+    result.check(
+        "distinct effects (keys answered 200) = executions that SUCCEEDED",
+        effects == succeeded_keys,
+        f"{len(effects)} effects, {len(succeeded_keys)} SUCCEEDED; "
+        f"{len(effects - succeeded_keys)} effects without SUCCEEDED, {len(succeeded_keys - effects)} SUCCEEDED without",
+    )
+    extra = sum(delivered.values()) - len(delivered)
+    causes = Counter(d.answer for d in receiver.deliveries)
+    twice_200 = sum(1 for n in answered_200.values() if n > 1)
+    result.check(
+        "deliveries beyond one per key explained (a 200 in time repeated only after a kill)",
+        bool(result.faults) or twice_200 == 0,
+        f"{extra} extra: retries after {causes['500']} answers of 500, {causes['stalled']} stalls and "
+        f"{causes['200 late']} answers after the timeout; {twice_200} keys answered 200 twice in time (a kill "
+        "between the POST and its record)",
+    )
+    result.check("every agent run terminal", not (agents["QUEUED"] or agents["RUNNING"]), dict(agents))
+    with contextlib.ExitStack() as stack:
+        dagster = get_engine(dagster_url(deploy.env))
+        stack.callback(dagster.dispose)
+        with dagster.connect() as conn:
+            runs = dict(conn.execute(sa.text(RUNS_BY_STATUS)).all())
+            held = conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM concurrency_slots s JOIN runs r ON r.run_id = s.run_id "
+                    "WHERE s.concurrency_key = 'agent_runs' AND r.status IN ('SUCCESS', 'FAILURE', 'CANCELED')"
+                )
+            ).scalar_one()
+            in_progress = sum(
+                n for s, n in runs.items() if s in ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
+            )
+    result.check("no Dagster run left in progress", in_progress == 0, runs)
+    result.check("no agent_runs pool slot held by a finished run", held == 0, f"{held} held")
+    first = date.today() - timedelta(days=args.backfill_days)
+    events, rolled = day_totals(engine, first, date.today() - timedelta(days=1))
+    wrong = {
+        d: (events.get(d, 0), rolled.get(d, 0))
+        for d in set(events) | set(rolled)
+        if events.get(d, 0) != rolled.get(d, 0)
+    }
+    result.check(
+        "every backfilled day rolled up and equal to a recount of its events",
+        not wrong,
+        f"{len(events)} days with events; {len(wrong)} differ {sorted(wrong.items())[:3]}",
+    )
+    shutdowns = [
+        line
+        for replica_log in deploy.logs.glob("replica_*.log")
+        for line in replica_log.read_text(errors="replace").splitlines()
+        if "No heartbeat received" in line or "Shutting down Dagster code server" in line
+    ]
+    result.check("no code server restarted by load alone", not shutdowns, shutdowns[:2])
+
+
+def dagster_url(env: Mapping[str, str]) -> str:
+    return (
+        f"postgresql://{env['DAGSTER_PG_USER']}:{env['DAGSTER_PG_PASSWORD']}@{env['DAGSTER_PG_HOST']}:"
+        f"{env['DAGSTER_PG_PORT']}/{env['DAGSTER_PG_DB']}"
+    )
+
+
+# --- one round -----------------------------------------------------------------------------------------
+
+
+def run_round(label: str, args: argparse.Namespace, with_faults: bool, logs: Path) -> Round:
+    result = Round(label)
+    receiver = Receiver(args.seed, args.fail_rate, args.stall_rate)
+    receiver.start()
+    overrides = {
+        "MARKETING_WEBHOOK_TIMEOUT_SECONDS": str(WEBHOOK_TIMEOUT_S),
+        "MARKETING_RETRY_BACKOFF_SECONDS": str(args.backoff),
+        "MARKETING_EXECUTIONS_PER_RUN": str(args.per_run),
+        "MARKETING_LATE_EVENTS_INTERVAL_SECONDS": "30",
+        "MARKETING_MODEL_PROVIDER": "offline",
+        "MARKETING_MEASUREMENT_START_DATE": (date.today() - timedelta(days=args.backfill_days)).isoformat(),
+    }
+    with throwaway_database("postgres") as app_url, deployment(app_url, logs, overrides) as deploy:
+        engine = get_engine(app_url)
+        events_file = logs / "events.jsonl"
+        write_events(events_file, args, date.today() - timedelta(days=args.backfill_days))
+        with httpx.Client(base_url=f"http://127.0.0.1:{deploy.web_port}", timeout=60) as client:
+            wait_loaded(client, deploy.others["webserver"])
+            seed_load(engine, args, receiver)
+            started = time.monotonic()
+            loader = load_events(deploy.env, events_file, logs)
+            days = [(date.today() - timedelta(days=d)).isoformat() for d in range(args.backfill_days, 0, -1)]
+            backfill_id = launch(client, asset_backfill(days, ("measurement_daily_rollup",)))
+            plan = fault_plan(args, deploy, receiver) if with_faults else []
+            last_fault = started
+            for at, _name, action in plan:
+                time.sleep(max(0.0, started + at - time.monotonic()))
+                what = action()
+                last_fault = time.monotonic()
+                result.faults.append((round(last_fault - started, 1), what))
+                print(f"  [{label}] {last_fault - started:6.1f} s  {what}", flush=True)
+            deadline = time.monotonic() + args.timeout
+            dagster = get_engine(dagster_url(deploy.env))
+            while not drained(engine, dagster, backfill_id):
+                if time.monotonic() > deadline:
+                    result.check("drained within --timeout", False, dict(execution_states(engine)))
+                    break
+                time.sleep(2)
+            loader.wait(timeout=args.timeout)
+            # Late events (loaded after their day's rollup) are picked up by the late-events sensor: wait for it.
+            time.sleep(0 if not args.events else 75)
+            result.seconds_to_drain = time.monotonic() - started
+            result.after_last_fault_s = time.monotonic() - last_fault if plan else 0.0
+            result.executions_per_minute = args.executions / (result.seconds_to_drain / 60)
+            check_round(result, engine, receiver, deploy, args)
+            findings = log_findings(deploy.logs / "daemon.0.log", limit=8)
+            if findings:
+                print(f"  [{label}] daemon log findings:\n    " + "\n    ".join(findings))
+    receiver.stop()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--executions", type=int, default=5000, help="webhook executions (default 5000)")
+    parser.add_argument("--spread", type=float, default=180.0, help="seconds over which they fall due (default 180)")
+    parser.add_argument("--per-run", type=int, default=250, help="MARKETING_EXECUTIONS_PER_RUN (default 250)")
+    parser.add_argument("--agent-runs", type=int, default=100, help="agent runs, offline provider (default 100)")
+    parser.add_argument("--users", type=int, default=4, help="users requesting them (default 4)")
+    parser.add_argument("--backfill-days", type=int, default=90, help="days of the measurement backfill (default 90)")
+    parser.add_argument("--events", type=int, default=50_000, help="events in the file loaded during the load")
+    parser.add_argument("--fail-rate", type=float, default=0.10, help="share of deliveries answered 500")
+    parser.add_argument("--stall-rate", type=float, default=0.05, help="share of deliveries stalled past the timeout")
+    parser.add_argument("--backoff", type=float, default=5.0, help="MARKETING_RETRY_BACKOFF_SECONDS (default 5)")
+    parser.add_argument(
+        "--faults",
+        default="daemon,run,code,postgres,receiver",
+        help="which faults: daemon, run (workers), code (server), postgres, receiver (default all)",
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds a round may take to drain")
+    parser.add_argument("--no-calm", action="store_true", help="skip the round without faults (no ratio)")
+    parser.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
+    args = parser.parse_args()
+    args.faults = {f.strip() for f in args.faults.split(",") if f.strip()}
+    if args.executions < 1 or not 0 <= args.fail_rate + args.stall_rate < 1 or args.backfill_days < 1:
+        parser.error("--executions and --backfill-days must be at least 1, and --fail-rate + --stall-rate below 1")
+
+    root = args.log_dir or Path(tempfile.mkdtemp(prefix="mp-soak-"))
+    rounds = []
+    for label, with_faults in (("calm", False), ("faults", True)):
+        if label == "calm" and args.no_calm:
+            continue
+        logs = root / f"{label}-{uuid.uuid4().hex[:6]}"
+        logs.mkdir(parents=True)
+        print(f"round {label}: logs in {logs}", flush=True)
+        rounds.append(run_round(label, args, with_faults, logs))
+
+    load_avg = os.getloadavg()
+    failed = False
+    for r in rounds:
+        print_table(
+            f"round {r.label}: {len(r.faults)} fault(s), drained {r.seconds_to_drain:.0f} s after the load started"
+            + (f", {r.after_last_fault_s:.0f} s after the last fault" if r.faults else ""),
+            ["check", "holds", "figures"],
+            [(what, "yes" if ok else "NO", detail[:160]) for what, ok, detail in r.checks],
+        )
+        failed |= not all(ok for _, ok, _ in r.checks)
+    by_label = {r.label: r for r in rounds}
+    if "calm" in by_label and "faults" in by_label:
+        ratio = by_label["faults"].executions_per_minute / by_label["calm"].executions_per_minute
+        print(
+            f"\nexecutions per minute: {by_label['faults'].executions_per_minute:.0f} with faults, "
+            f"{by_label['calm'].executions_per_minute:.0f} without; ratio {ratio:.2f} "
+            f"(load average {load_avg[0]:.1f} {load_avg[1]:.1f} {load_avg[2]:.1f}, {os.cpu_count()} cores)"
+        )
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    socket.setdefaulttimeout(60)
+    main()
