@@ -571,12 +571,13 @@ def run_round(label: str, args: argparse.Namespace, with_faults: bool, logs: Pat
     with throwaway_database("postgres") as app_url, deployment(app_url, logs, overrides) as deploy:
         engine = get_engine(app_url)
         events_file = logs / "events.jsonl"
-        write_events(events_file, args, date.today() - timedelta(days=args.backfill_days))
+        if args.events:
+            write_events(events_file, args, date.today() - timedelta(days=args.backfill_days))
         with httpx.Client(base_url=f"http://127.0.0.1:{deploy.web_port}", timeout=60) as client:
             wait_loaded(client, deploy.others["webserver"])
             seed_load(engine, args, receiver)
             started = time.monotonic()
-            loader = load_events(deploy.env, events_file, logs)
+            loader = load_events(deploy.env, events_file, logs) if args.events else None
             days = [(date.today() - timedelta(days=d)).isoformat() for d in range(args.backfill_days, 0, -1)]
             backfill_id = launch(client, asset_backfill(days, ("measurement_daily_rollup",)))
             plan = fault_plan(args, deploy, receiver) if with_faults else []
@@ -594,7 +595,8 @@ def run_round(label: str, args: argparse.Namespace, with_faults: bool, logs: Pat
                     result.check("drained within --timeout", False, dict(execution_states(engine)))
                     break
                 time.sleep(2)
-            loader.wait(timeout=args.timeout)
+            if loader is not None:
+                loader.wait(timeout=args.timeout)
             # Late events (loaded after their day's rollup) are picked up by the late-events sensor: wait for it.
             time.sleep(0 if not args.events else 75)
             result.seconds_to_drain = time.monotonic() - started
@@ -619,7 +621,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=50_000, help="events in the file loaded during the load")
     parser.add_argument("--fail-rate", type=float, default=0.10, help="share of deliveries answered 500")
     parser.add_argument("--stall-rate", type=float, default=0.05, help="share of deliveries stalled past the timeout")
-    parser.add_argument("--backoff", type=float, default=5.0, help="MARKETING_RETRY_BACKOFF_SECONDS (default 5)")
+    parser.add_argument(
+        "--backoff",
+        type=float,
+        default=15.0,
+        help="MARKETING_RETRY_BACKOFF_SECONDS (default 15: the third attempt comes after the receiver's 30 s away)",
+    )
     parser.add_argument(
         "--faults",
         default="daemon,run,code,postgres,receiver",

@@ -25,6 +25,11 @@ TINY = {
     # A daemon, a webserver and the backfill daemon's 30 s iterations: about two minutes even this small.
     "backfill.py": ["--events", "2000", "--days", "3", "--per-day-sample", "0", "--timeout", "240"],
     "pool_overshoot_sqlite.py": ["--trials", "1", "--runs", "2", "--limit", "1", "--model-delay", "0.2"],
+    # The faults that cost no lease and leave the shared PostgreSQL server alone; about a minute.
+    "soak.py": [
+        *("--executions", "30", "--agent-runs", "2", "--backfill-days", "2", "--events", "0", "--spread", "30"),
+        *("--faults", "daemon,code", "--no-calm", "--timeout", "200"),
+    ],
 }
 
 
