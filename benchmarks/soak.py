@@ -454,7 +454,12 @@ class Round:
 
 
 def check_round(
-    result: Round, engine: sa.Engine, receiver: Receiver, deploy: Deployment, args: argparse.Namespace
+    result: Round,
+    engine: sa.Engine,
+    dagster: sa.Engine,
+    receiver: Receiver,
+    deploy: Deployment,
+    args: argparse.Namespace,
 ) -> None:
     states = execution_states(engine)
     with engine.connect() as conn:
@@ -509,20 +514,15 @@ def check_round(
         "between the POST and its record)",
     )
     result.check("every agent run terminal", not (agents["QUEUED"] or agents["RUNNING"]), dict(agents))
-    with contextlib.ExitStack() as stack:
-        dagster = get_engine(dagster_url(deploy.env))
-        stack.callback(dagster.dispose)
-        with dagster.connect() as conn:
-            runs = dict(conn.execute(sa.text(RUNS_BY_STATUS)).all())
-            held = conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM concurrency_slots s JOIN runs r ON r.run_id = s.run_id "
-                    "WHERE s.concurrency_key = 'agent_runs' AND r.status IN ('SUCCESS', 'FAILURE', 'CANCELED')"
-                )
-            ).scalar_one()
-            in_progress = sum(
-                n for s, n in runs.items() if s in ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING")
+    with dagster.connect() as conn:
+        runs = dict(conn.execute(sa.text(RUNS_BY_STATUS)).all())
+        held = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM concurrency_slots s JOIN runs r ON r.run_id = s.run_id "
+                "WHERE s.concurrency_key = 'agent_runs' AND r.status IN ('SUCCESS', 'FAILURE', 'CANCELED')"
             )
+        ).scalar_one()
+    in_progress = sum(n for s, n in runs.items() if s in ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"))
     result.check("no Dagster run left in progress", in_progress == 0, runs)
     result.check("no agent_runs pool slot held by a finished run", held == 0, f"{held} held")
     first = date.today() - timedelta(days=args.backfill_days)
@@ -602,7 +602,8 @@ def run_round(label: str, args: argparse.Namespace, with_faults: bool, logs: Pat
             result.seconds_to_drain = time.monotonic() - started
             result.after_last_fault_s = time.monotonic() - last_fault if plan else 0.0
             result.executions_per_minute = args.executions / (result.seconds_to_drain / 60)
-            check_round(result, engine, receiver, deploy, args)
+            check_round(result, engine, dagster, receiver, deploy, args)
+            dagster.dispose()
             findings = log_findings(deploy.logs / "daemon.0.log", limit=8)
             if findings:
                 print(f"  [{label}] daemon log findings:\n    " + "\n    ".join(findings))

@@ -82,7 +82,7 @@ def permission_refused(exc: Exception) -> str | None:
     """
     if not isinstance(exc, sa.exc.DBAPIError) or getattr(exc.orig, "pgcode", None) != "42501":
         return None
-    first = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else "permission denied"
+    first = (str(exc.orig).strip().splitlines() or ["permission denied"])[0]
     return (
         f"the database refused this command: {first}. The role in MARKETING_DATABASE_URL lacks that right; "
         "deploy/provision.sh grants what the application needs, and deploy/migrate.sh applies schema changes."

@@ -450,17 +450,19 @@ class LeaseKeeper:
         stay its own for the wait instead of expiring as if it had died. The renewal thread is stopped
         first, so it cannot shorten the lease again afterwards.
         """
-        self._stop.set()
-        self._thread.join(timeout=5)
+        self._stop_renewing()
         with self._guard:
             held = sorted(self._held)
         with self._engine.begin() as conn:
             return renew_many(conn, self._queue, held, self._owner, seconds)
+
+    def _stop_renewing(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
 
     def __enter__(self) -> LeaseKeeper:
         self._thread.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        self._stop_renewing()

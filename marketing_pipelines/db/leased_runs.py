@@ -118,15 +118,15 @@ def fail_abandoned_runs(instance: dg.DagsterInstance, run_ids: Sequence[str], qu
     is fenced by its lease), though Dagster lets its later run events overwrite this status. One
     run that cannot be marked is logged and left as it is: the work itself is already requeued.
     """
+    message = (
+        f"Run worker gone: it stopped renewing the leases of the {queue.row_noun.lower()}s it held, which are "
+        "back in the queue (its code server's machine or process died, or it lost the database for a whole lease)."
+    )
     marked = []
     for run_id in run_ids:
         run = instance.get_run_by_id(run_id)
         if run is None or run.status not in (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED):
             continue
-        message = (
-            f"Run worker gone: it stopped renewing the leases of the {queue.row_noun.lower()}s it held, which are "
-            "back in the queue (its code server's machine or process died, or it lost the database for a whole lease)."
-        )
         try:
             instance.report_run_failed(run, message)
         except Exception:  # Dagster's storage refused; the rows are requeued already, so only the run's status is left
@@ -212,18 +212,17 @@ def reconcile_run(
             if outcome == CANCELLED:
                 done = finish(conn, queue, row_id, owners, CANCELLED, {queue.error_column: reason})
                 status = CANCELLED if done else None
-            elif never_started and owner == claimed_by:
-                # The run's worker never started (a launch that could not be delivered, run monitoring's
-                # start timeout after its machine went away), so nothing was tried and nothing needs
-                # backing off: the row is due again at once. A worker that started and failed before
-                # taking the row over (a schema it refuses, a resource that cannot start) backs off like
-                # any failed attempt. The claim still counts as an attempt either way, so a launch that
-                # always fails ends the row FAILED instead of cycling.
-                never = f"{reason} (before it took this {queue.row_noun.lower()} over; due again at once)"
-                status = retry_or_fail(conn, queue, row_id, [owner], never, 0.0, run_id=run.run_id)
             else:
-                delay = retry_delay_seconds(attempt)
-                status = retry_or_fail(conn, queue, row_id, [owner], reason, delay, run_id=run.run_id)
+                why, delay = reason, retry_delay_seconds(attempt)
+                if never_started and owner == claimed_by:
+                    # The run's worker never started (a launch that could not be delivered, run monitoring's
+                    # start timeout after its machine went away), so nothing was tried and nothing needs
+                    # backing off: the row is due again at once. A worker that started and failed before
+                    # taking the row over (a schema it refuses, a resource that cannot start) backs off like
+                    # any failed attempt. The claim still counts as an attempt either way, so a launch that
+                    # always fails ends the row FAILED instead of cycling.
+                    why, delay = f"{reason} (before it took this {queue.row_noun.lower()} over; due again at once)", 0.0
+                status = retry_or_fail(conn, queue, row_id, [owner], why, delay, run_id=run.run_id)
             if status is not None:
                 if on_status is not None:
                     on_status(conn, row_id, attempt, status)
