@@ -85,19 +85,25 @@ def claim_agent_run_requests(
         lease_seconds=grace_seconds,
         to_requests=lambda rows: [agent_run_request(row, claimed_by, grace_seconds) for row in rows],
         instance=instance,
+        rows_of_run=agent_run_of,
+        pool=POOL,
     )
     return claim.requests, claim.summary("agent runs", "pool free")
 
 
+def agent_run_of(run: dg.DagsterRun) -> list[int]:
+    """The agent run a Dagster run was launched for (its tag), or none for a run without one."""
+    agent_run_id = run.tags.get(TAG_AGENT_RUN_ID, "")
+    return [int(agent_run_id)] if agent_run_id.isdigit() else []
+
+
 def reconcile_agent_run(engine: sa.Engine, run: dg.DagsterRun, outcome: str, reason: str) -> str | None:
     """Record the outcome of an agent run whose Dagster run ended without recording one."""
-    agent_run_id = run.tags.get(TAG_AGENT_RUN_ID)
-    if agent_run_id is None or not agent_run_id.isdigit():
+    rows = agent_run_of(run)
+    if not rows:
         return None
     # An agent run keeps its place in the queue: its retry is due at once.
-    statuses = reconcile_run(
-        engine, AGENT_RUNS, run, [int(agent_run_id)], outcome, reason, retry_delay_seconds=lambda _: 0
-    )
+    statuses = reconcile_run(engine, AGENT_RUNS, run, rows, outcome, reason, retry_delay_seconds=lambda _: 0)
     return next(iter(statuses), None)
 
 

@@ -22,7 +22,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,6 +31,8 @@ import sqlalchemy as sa
 from marketing_pipelines.db.types import UTCDateTime
 
 RUNNING = "RUNNING"
+# Rows a sensor tick claimed are owned by "claim:<host>:<pid>:<random>" until a run takes them over.
+CLAIM_OWNER_PREFIX = "claim:"
 FAILED = "FAILED"
 CANCELLED = "CANCELLED"
 # The finished statuses an operator may put back in the queue (`executions retry`, `agents retry`).
@@ -41,7 +43,7 @@ LEASE_EXPIRED_ERROR = "lease expired: the worker stopped renewing it (crashed, k
 
 def new_claim_owner() -> str:
     """A lease owner unique to one sensor tick on one replica (host, pid, random suffix)."""
-    return f"claim:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    return f"{CLAIM_OWNER_PREFIX}{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,9 @@ class Recovery:
     failed: tuple[int, ...]
     # The Dagster runs that had taken these rows over and stopped renewing them: their workers are gone.
     run_ids: tuple[str, ...] = ()
+    # The rows that expired while still owned by the tick that claimed them (no run took them over),
+    # by that claim: a started run of the claim whose rows are all here died before its take-over.
+    claims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def now_expr(conn: sa.Connection, offset_s: float = 0.0) -> sa.ColumnElement[datetime]:
@@ -306,6 +311,39 @@ def retry_or_fail(
     return conn.execute(stmt).scalar_one_or_none()
 
 
+def claims_older_than(conn: sa.Connection, queue: LeaseQueue, seconds: float) -> list[str]:
+    """Tick owners still holding rows they claimed over ``seconds`` ago.
+
+    A run that starts takes its rows over (owner ``run:<id>``), so rows still owned by a tick are
+    those of runs waiting in Dagster's queue, or of a tick whose runs were never created.
+    """
+    t = queue.table
+    stmt = (
+        sa.select(t.c.lease_owner)
+        .where(
+            t.c.status == RUNNING,
+            t.c.lease_owner.startswith(CLAIM_OWNER_PREFIX, autoescape=True),
+            t.c.updated_at < now_expr(conn, -seconds),
+        )
+        .distinct()
+    )
+    return sorted(conn.execute(stmt).scalars())
+
+
+def expire_claims(conn: sa.Connection, queue: LeaseQueue, owners: Sequence[str]) -> int:
+    """End the leases of rows still held by ``owners`` (tick owners only); ``recover_expired`` then takes them."""
+    t = queue.table
+    stmt = (
+        sa.update(t)
+        .where(
+            t.c.status == RUNNING,
+            _owned_by(queue, [o for o in owners if o.startswith(CLAIM_OWNER_PREFIX)]),
+        )
+        .values(lease_expires_at=now_expr(conn, -1))
+    )
+    return conn.execute(stmt).rowcount
+
+
 def recover_expired(conn: sa.Connection, queue: LeaseQueue, limit: int = 1000) -> Recovery:
     """Return RUNNING rows whose lease ran out to the queue, or FAIL them at max_attempts.
 
@@ -318,13 +356,24 @@ def recover_expired(conn: sa.Connection, queue: LeaseQueue, limit: int = 1000) -
     expired = (
         sa.select(t.c.id)
         .where(t.c.status == RUNNING, t.c.lease_expires_at < now)
-        .order_by(t.c.lease_expires_at)
+        .order_by(t.c.lease_expires_at, t.c.id)  # the id: SQLite's pre-select and update pick the same rows
         .limit(limit)
     )
+    # The owner each row had: RETURNING gives the values after the update, which clears it.
+    old_owner: sa.ColumnElement[Any] | None = None
     if conn.dialect.name == "postgresql":
-        picked = expired.with_for_update(skip_locked=True).cte("expired").prefix_with("MATERIALIZED")
+        picked = (
+            expired.add_columns(t.c.lease_owner.label("old_owner"))
+            .with_for_update(skip_locked=True)
+            .cte("expired")
+            .prefix_with("MATERIALIZED")
+        )
         where = [t.c.id == picked.c.id]
+        old_owner = picked.c.old_owner
+        owners: dict[int, str | None] = {}
     else:
+        # One writer at a time: what this reads is what the update below changes.
+        owners = {row.id: row.lease_owner for row in conn.execute(expired.add_columns(t.c.lease_owner))}
         where = [t.c.id.in_(expired.scalar_subquery())]
     where += [t.c.status == RUNNING, t.c.lease_expires_at < now]
     stmt = (
@@ -342,13 +391,21 @@ def recover_expired(conn: sa.Connection, queue: LeaseQueue, limit: int = 1000) -
                 "updated_at": now,
             }
         )
-        .returning(t.c.id, t.c.status, t.c.run_id)
+        .returning(t.c.id, t.c.status, t.c.run_id, *([old_owner] if old_owner is not None else []))
     )
     rows = conn.execute(stmt).all()
+    if old_owner is not None:
+        owners = {r.id: r.old_owner for r in rows}
+    claims: dict[str, list[int]] = {}
+    for r in rows:
+        owner = owners.get(r.id)
+        if not r.run_id and owner and owner.startswith(CLAIM_OWNER_PREFIX):
+            claims.setdefault(owner, []).append(r.id)
     return Recovery(
         requeued=tuple(sorted(r.id for r in rows if r.status != FAILED)),
         failed=tuple(sorted(r.id for r in rows if r.status == FAILED)),
         run_ids=tuple(sorted({r.run_id for r in rows if r.run_id})),
+        claims={owner: tuple(sorted(ids)) for owner, ids in claims.items()},
     )
 
 

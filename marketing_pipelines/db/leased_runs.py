@@ -9,7 +9,9 @@ take-over at the top of an op, and the reconciliation of a run that ended withou
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import dagster as dg
@@ -21,7 +23,9 @@ from marketing_pipelines.db.lease import (
     LeaseQueue,
     Recovery,
     claim_batch,
+    claims_older_than,
     describe,
+    expire_claims,
     finish,
     recover_expired,
     retry_or_fail,
@@ -40,6 +44,16 @@ TAG_CAMPAIGN_ID = "marketing/campaign_id"
 # (30 s) would be most of the minute a dead replica may cost; each tick is one event-log query.
 RECONCILE_INTERVAL_SECONDS = 10
 
+# A tick's claim with no Dagster run tagged with it this long after the claim was never launched: the
+# code server evaluating the tick died between committing the claim and returning the run requests
+# (Dagster then evaluates the tick again, which claims anew). Dagster creates a tick's runs within
+# seconds of its evaluation (which times out at 60 s), so 120 s is past any live launch and well short
+# of the 300 s lease the rows would otherwise wait out. A daemon killed after the evaluation resumes
+# the tick when it starts again and creates its runs then (usually within the 120 s); a run created
+# after its claim was recovered finds its rows owned by another claim and does nothing for them, but
+# the claim cost each row an attempt.
+UNLAUNCHED_CLAIM_SECONDS = 120
+
 
 def run_owner(run_id: str) -> str:
     """The lease owner of the rows a Dagster run took over."""
@@ -55,11 +69,14 @@ class Claim:
     room: int
     recovery: Recovery
     abandoned_runs: tuple[str, ...] = ()
+    unlaunched_claims: tuple[str, ...] = ()
 
     def summary(self, queue_name: str, room_name: str = "batch") -> str:
         text = f"{queue_name}: claimed {self.claimed} into {len(self.requests)} run(s) ({room_name} {self.room})"
         if self.recovery.requeued or self.recovery.failed:
             text += f", expired leases requeued {list(self.recovery.requeued)} failed {list(self.recovery.failed)}"
+        if self.unlaunched_claims:
+            text += f", ended the leases of {len(self.unlaunched_claims)} earlier claim(s) that no run was created for"
         if self.abandoned_runs:
             text += f", marked FAILURE the runs whose workers stopped renewing: {list(self.abandoned_runs)}"
         return text
@@ -75,25 +92,84 @@ def claim_requests(
     to_requests: Callable[[Sequence[sa.RowMapping]], list[dg.RunRequest]],
     after_recovery: Callable[[sa.Connection, Recovery], None] | None = None,
     instance: Callable[[], dg.DagsterInstance | None] | None = None,
+    rows_of_run: Callable[[dg.DagsterRun], Sequence[int]] | None = None,
+    pool: str | None = None,
 ) -> Claim:
     """Recover expired leases, then claim up to ``room`` ready rows and turn them into run requests.
 
     Recovery commits first in its own transaction: a claim that fails must not undo it. ``room``
     may be computed inside the claim's transaction (the agent pool's free slots). With ``instance``
-    (called only when some lease expired under a run), the runs whose leases expired are marked
-    failed (``fail_abandoned_runs``).
+    (called only when some lease expired under a run, or some tick's claim is older than
+    ``UNLAUNCHED_CLAIM_SECONDS``), claims no run was created for are recovered now instead of a lease
+    later (``end_unlaunched_claims``), and the runs whose leases expired are marked failed
+    (``fail_abandoned_runs``): those that had taken rows over, and with ``rows_of_run`` (the rows a run
+    was launched for) those that died before taking theirs over (``started_runs_of_claims``; ``pool``
+    names the concurrency pool whose waiting runs are alive).
     """
+    unlaunched = end_unlaunched_claims(engine, queue, instance) if instance is not None else ()
     with engine.begin() as conn:
         recovery = recover_expired(conn, queue)
         if after_recovery is not None:
             after_recovery(conn, recovery)
     abandoned: tuple[str, ...] = ()
-    if recovery.run_ids and instance is not None and (dagster := instance()) is not None:
-        abandoned = fail_abandoned_runs(dagster, recovery.run_ids, queue)
+    if (recovery.run_ids or recovery.claims) and instance is not None and (dagster := instance()) is not None:
+        run_ids = list(recovery.run_ids)
+        if rows_of_run is not None:
+            run_ids += started_runs_of_claims(dagster, recovery.claims, rows_of_run, pool)
+        abandoned = fail_abandoned_runs(dagster, run_ids, queue)
     with engine.begin() as conn:
         limit = room(conn) if callable(room) else room
         rows = claim_batch(conn, queue, claimed_by, limit, lease_seconds) if limit > 0 else []
-    return Claim(to_requests(rows), len(rows), max(limit, 0), recovery, abandoned)
+    return Claim(to_requests(rows), len(rows), max(limit, 0), recovery, abandoned, unlaunched)
+
+
+class _LaunchedClaims:
+    """Claims known to have a Dagster run, at most ``size`` of them: a claim never loses its run, so each
+    is looked up once, not on every tick while its runs wait in Dagster's queue."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def __contains__(self, claim: object) -> bool:
+        with self._lock:
+            return claim in self._seen
+
+    def add(self, claim: str) -> None:
+        with self._lock:
+            self._seen[claim] = None
+            while len(self._seen) > self._size:
+                self._seen.popitem(last=False)
+
+
+_launched_claims = _LaunchedClaims()
+
+
+def end_unlaunched_claims(
+    engine: sa.Engine, queue: LeaseQueue, instance: Callable[[], dg.DagsterInstance | None]
+) -> tuple[str, ...]:
+    """End the leases of tick claims that no Dagster run carries (``TAG_CLAIMED_BY``); returns those owners.
+
+    Claims older than ``UNLAUNCHED_CLAIM_SECONDS`` are those of runs waiting in Dagster's queue (a
+    started run has taken its rows over) or of ticks whose runs were never created. Each is looked up
+    in Dagster once (run ids only); one found with a run is remembered. A run created after all finds
+    its rows owned by another claim and leaves them, as with any expired lease.
+    """
+    with engine.connect() as conn:
+        owners = [o for o in claims_older_than(conn, queue, UNLAUNCHED_CLAIM_SECONDS) if o not in _launched_claims]
+    if not owners or (dagster := instance()) is None:
+        return ()
+    unlaunched = []
+    for owner in owners:
+        if dagster.get_run_ids(dg.RunsFilter(tags={TAG_CLAIMED_BY: owner}), limit=1):
+            _launched_claims.add(owner)
+        else:
+            unlaunched.append(owner)
+    if unlaunched:
+        with engine.begin() as conn:
+            expire_claims(conn, queue, unlaunched)
+    return tuple(unlaunched)
 
 
 def sensor_instance(context: dg.SensorEvaluationContext) -> dg.DagsterInstance | None:
@@ -102,6 +178,34 @@ def sensor_instance(context: dg.SensorEvaluationContext) -> dg.DagsterInstance |
         return context.instance
     except dg.DagsterInvariantViolationError:
         return None
+
+
+def started_runs_of_claims(
+    instance: dg.DagsterInstance,
+    claims: Mapping[str, Sequence[int]],
+    rows_of_run: Callable[[dg.DagsterRun], Sequence[int]],
+    pool: str | None = None,
+) -> list[str]:
+    """Runs of ``claims`` that Dagster shows STARTED and whose rows all expired still owned by the claim.
+
+    Such a run never took any of its rows over in a whole lease: its worker died between starting
+    and its first take-over. A run of the same tick that did take its rows over is not one (its rows
+    were not among these), nor is a run whose step waits for a slot of ``pool`` (alive, and it will find
+    its rows taken), nor a STARTING run (run monitoring's start timeout ends those).
+    """
+    if not claims:
+        return []
+    records = instance.get_run_records(
+        dg.RunsFilter(tags={TAG_CLAIMED_BY: list(claims)}, statuses=[dg.DagsterRunStatus.STARTED])
+    )
+    waiting = instance.event_log_storage.get_concurrency_info(pool).pending_run_ids if pool and records else set()
+    dead = []
+    for record in records:
+        run = record.dagster_run
+        rows = set(rows_of_run(run))
+        if rows and rows <= set(claims.get(run.tags.get(TAG_CLAIMED_BY, ""), ())) and run.run_id not in waiting:
+            dead.append(run.run_id)
+    return dead
 
 
 def fail_abandoned_runs(instance: dg.DagsterInstance, run_ids: Sequence[str], queue: LeaseQueue) -> tuple[str, ...]:

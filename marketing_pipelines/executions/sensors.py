@@ -99,6 +99,7 @@ def claim_execution_requests(
         ],
         after_recovery=_end_expired_attempts,
         instance=instance,
+        rows_of_run=lambda run: executions_of_run(run.run_config),
     )
     return claim.requests, claim.summary("executions")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import dagster as dg
@@ -309,3 +310,28 @@ def test_a_pool_limit_edited_in_the_ui_stands_until_the_setting_changes(
     changed = _sensor_context(db_url, instance, cursor=context.cursor, max_concurrent_agent_runs=3)
     queued_agent_runs_sensor(changed)
     assert storage.get_concurrency_info("agent_runs").slot_count == 3
+
+
+def test_an_agent_run_whose_worker_died_before_taking_it_over_is_failed_and_requeued(
+    people: sa.Engine, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    # The agent queue goes through the same recovery as executions: the row names the tick's claim (the
+    # run died between starting and its take-over), its lease runs out, the row is claimed again and the
+    # dead run is marked FAILURE, where the Runs page and alerts show it.
+    agent_run_id = _request(people)
+    result = queued_agent_runs_sensor(_sensor_context(db_url, instance))
+    [request] = list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
+    run = instance.create_run_for_job(
+        job_def=agent_run_job, run_config=request.run_config, tags=request.tags, status=dg.DagsterRunStatus.STARTED
+    )
+    with people.begin() as conn:
+        conn.execute(
+            sa.update(agent_run)
+            .where(agent_run.c.id == agent_run_id)
+            .values(lease_expires_at=datetime.now(UTC) - timedelta(seconds=1))
+        )
+    again = queued_agent_runs_sensor(_sensor_context(db_url, instance))
+    [retry] = list(again.run_requests or []) if isinstance(again, dg.SensorResult) else []
+    assert retry.tags["marketing/agent_run_id"] == str(agent_run_id)
+    failed = instance.get_run_by_id(run.run_id)
+    assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE

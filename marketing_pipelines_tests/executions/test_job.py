@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import sqlalchemy as sa
 
+from marketing_pipelines.db.leased_runs import TAG_CLAIMED_BY, UNLAUNCHED_CLAIM_SECONDS
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import marketing_execution as t
 from marketing_pipelines.egress import EgressPolicy, parse_networks
@@ -379,3 +380,144 @@ def test_a_run_whose_worker_stopped_renewing_its_leases_is_failed_not_left_start
         )
         == 1
     )
+
+
+def _age_claim(engine: sa.Engine, ids: list[int], seconds: float) -> None:
+    """As if the tick that claimed ``ids`` committed ``seconds`` ago."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(t).where(t.c.id.in_(ids)).values(updated_at=datetime.now(UTC) - timedelta(seconds=seconds))
+        )
+
+
+def test_a_claim_no_run_was_created_for_is_claimed_again_without_waiting_out_its_lease(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
+) -> None:
+    # The daemon (or the replica evaluating the tick) died after the claim committed and before Dagster
+    # created the tick's runs: no run will ever take these rows over. They used to wait out the whole lease
+    # (300 s); now the first tick past UNLAUNCHED_CLAIM_SECONDS hands them to a new run.
+    ids = _schedule(engine, hook.url, n=2)
+    [lost] = _tick(db_url, instance)  # its run is never created
+    _age_claim(engine, ids, UNLAUNCHED_CLAIM_SECONDS - 5)
+    assert _tick(db_url, instance) == []  # not yet: a slow daemon may still be creating it
+    _age_claim(engine, ids, UNLAUNCHED_CLAIM_SECONDS + 5)
+    [again] = _tick(db_url, instance)
+    assert sorted(executions_of_run(again.run_config)) == sorted(ids)
+    assert again.tags[TAG_CLAIMED_BY] != lost.tags[TAG_CLAIMED_BY]
+    rows = [_row(engine, i) for i in ids]
+    assert [(r["status"], r["attempts"], r["lease_owner"]) for r in rows] == [
+        ("RUNNING", 2, again.tags[TAG_CLAIMED_BY])
+    ] * 2
+    # Had its run been created after all, it would find the rows owned by another claim and do nothing.
+    perform(lost, db_url, instance)
+    assert hook.received == []
+    assert {_row(engine, i)["lease_owner"] for i in ids} == {again.tags[TAG_CLAIMED_BY]}
+
+
+def test_a_claim_whose_run_waits_in_dagsters_queue_is_left_alone(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
+) -> None:
+    ids = _schedule(engine, hook.url, n=2)
+    [request] = _tick(db_url, instance)
+    # Created and not started, as a run waiting behind max_concurrent_runs is (Dagster creates a QUEUED
+    # run only with its code location's origin, which a test instance has not).
+    waiting = instance.create_run_for_job(
+        job_def=marketing_execution_job, run_config=request.run_config, tags=request.tags
+    )
+    _age_claim(engine, ids, UNLAUNCHED_CLAIM_SECONDS * 2)  # waiting for minutes
+    assert _tick(db_url, instance) == []
+    assert {_row(engine, i)["lease_owner"] for i in ids} == {request.tags[TAG_CLAIMED_BY]}
+    assert instance.get_run_by_id(waiting.run_id).status == dg.DagsterRunStatus.NOT_STARTED  # type: ignore[union-attr]
+
+
+def test_a_run_that_died_before_taking_its_claim_over_is_failed_not_left_started(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
+) -> None:
+    # Found by benchmarks/soak.py: a run worker SIGKILLed after its run started and before its op took
+    # the rows over. The rows, still owned by the tick's claim, came back when that lease ran out, but
+    # the run showed STARTED for ever: nothing pointed from the rows to it.
+    ids = _schedule(engine, hook.url, n=2)
+    [request] = _tick(db_url, instance)
+    run = instance.create_run_for_job(
+        job_def=marketing_execution_job,
+        run_config=request.run_config,
+        tags=request.tags,
+        status=dg.DagsterRunStatus.STARTED,
+    )
+    with engine.begin() as conn:  # the claim's lease ran out; no take-over ever happened
+        conn.execute(sa.update(t).where(t.c.id.in_(ids)).values(lease_expires_at=datetime.now(UTC) - timedelta(1)))
+    [again] = _tick(db_url, instance)
+    assert sorted(executions_of_run(again.run_config)) == sorted(ids)
+    failed = instance.get_run_by_id(run.run_id)
+    assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
+    # A run of an expired claim that has not started (waiting in Dagster's queue) is left to start and find
+    # its rows taken: it is not dead.
+    waiting = instance.create_run_for_job(job_def=marketing_execution_job, run_config=again.run_config, tags=again.tags)
+    with engine.begin() as conn:
+        conn.execute(sa.update(t).where(t.c.id.in_(ids)).values(lease_expires_at=datetime.now(UTC) - timedelta(1)))
+    _tick(db_url, instance)
+    assert instance.get_run_by_id(waiting.run_id).status == dg.DagsterRunStatus.NOT_STARTED  # type: ignore[union-attr]
+
+
+def test_a_live_run_of_the_same_claim_is_left_alone_when_its_sibling_died_before_its_take_over(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
+) -> None:
+    # One tick claims rows for several runs under one claim. Run A took its row over and renews it; run B
+    # died before its take-over. Only B is dead: failing A would hand its row to another run while A still
+    # works on it.
+    ids = _schedule(engine, hook.url, n=2)
+    first, second = _tick(db_url, instance, ExecutionSettings(executions_per_run=1))
+    assert first.tags[TAG_CLAIMED_BY] == second.tags[TAG_CLAIMED_BY]
+    alive, dead = (
+        instance.create_run_for_job(
+            job_def=marketing_execution_job,
+            run_config=r.run_config,
+            tags=r.tags,
+            status=dg.DagsterRunStatus.STARTED,
+        )
+        for r in (first, second)
+    )
+    [alive_row] = executions_of_run(first.run_config)
+    [dead_row] = executions_of_run(second.run_config)
+    with engine.begin() as conn:  # A took its row over (and renews it); B's row still names the claim
+        conn.execute(
+            sa.update(t)
+            .where(t.c.id == alive_row)
+            .values(
+                lease_owner=f"run:{alive.run_id}",
+                run_id=alive.run_id,
+                lease_expires_at=datetime.now(UTC) + timedelta(300),
+            )
+        )
+        conn.execute(sa.update(t).where(t.c.id == dead_row).values(lease_expires_at=datetime.now(UTC) - timedelta(1)))
+    [again] = _tick(db_url, instance)
+    assert executions_of_run(again.run_config) == [dead_row]
+    assert instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE  # type: ignore[union-attr]
+    assert instance.get_run_by_id(alive.run_id).status == dg.DagsterRunStatus.STARTED  # type: ignore[union-attr]
+    assert _row(engine, alive_row)["lease_owner"] == f"run:{alive.run_id}"
+    assert sorted(ids) == sorted([alive_row, dead_row])
+
+
+def test_unlaunched_and_launched_claims_looked_up_together(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
+) -> None:
+    # Two ticks' claims past UNLAUNCHED_CLAIM_SECONDS in one lookup: only the one without a run is recovered.
+    [first_id] = _schedule(engine, hook.url, n=1)
+    [launched] = _tick(db_url, instance)
+    instance.create_run_for_job(job_def=marketing_execution_job, run_config=launched.run_config, tags=launched.tags)
+    with engine.begin() as conn:
+        second_id = schedule_execution(
+            conn,
+            campaign_id="spring-launch",
+            stage="launch",
+            action="webhook",
+            due_at=datetime.now(UTC) - timedelta(seconds=1),
+            payload={"url": f"{hook.url}/second", "body": {}},
+            egress=EgressPolicy(parse_networks(LOCAL)),
+        )
+    [lost] = _tick(db_url, instance)
+    assert executions_of_run(lost.run_config) == [second_id]
+    _age_claim(engine, [first_id, second_id], UNLAUNCHED_CLAIM_SECONDS + 5)
+    [again] = _tick(db_url, instance)
+    assert executions_of_run(again.run_config) == [second_id]
+    assert _row(engine, first_id)["lease_owner"] == launched.tags[TAG_CLAIMED_BY]
