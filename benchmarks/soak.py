@@ -5,7 +5,8 @@ replicas (``dagster api grpc --fixed-server-id``) behind HAProxy (``deploy/hapro
 ``dagster-daemon`` and ``dagster-webserver`` through ``deploy/workspace.yaml``. A local webhook receiver
 records every delivery's idempotency key and attempt; it answers 500 to about ``--fail-rate`` of them
 and stalls past the client's timeout on about ``--stall-rate`` (decided per key and attempt from the
-seed, so a run repeats).
+seed, so a run repeats). Like any receiver that dedupes on the key, it answers 200 again to a key it
+has already answered 200.
 
 The load: ``--executions`` webhook executions due over ``--spread`` seconds, ``--agent-runs`` agent runs
 (offline provider) from ``--users`` users, a ``--backfill-days`` measurement backfill launched as the UI
@@ -19,9 +20,12 @@ away for 30 s. After the last fault nothing is touched: the round waits for the 
 itself, then checks and prints each figure:
 
 - every execution terminal (SUCCEEDED, or FAILED with a reason), none RUNNING, none SCHEDULED and due;
-- every idempotency key delivered at least once; deliveries beyond one per key counted by cause;
+- every idempotency key delivered at least once; deliveries beyond one per key counted by cause, a
+  key answered 200 again only after its sender timed out or its attempt was cut off by a kill;
   distinct keys answered 200 = executions that SUCCEEDED;
 - every agent run terminal, none QUEUED or RUNNING; no agent_runs pool slot held by a finished run;
+  the model calls never beyond the token bucket's bound (``--model-calls-per-minute``);
+- every failed run in exactly one alert (more only after a daemon kill between the POST and the cursor);
 - every backfilled day rolled up and equal to an independent count of its events;
 - no code server restarted or shut itself down except the one killed on purpose;
 - faults injected, time from the last fault to drained, executions per minute against the calm round.
@@ -41,6 +45,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -69,7 +74,8 @@ from marketing_pipelines.agents import users
 from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.schema import agent_run, marketing_execution
+from marketing_pipelines.db.schema import agent_run, agent_run_step, marketing_execution, marketing_execution_attempt
+from marketing_pipelines.monitoring.alert_sensor import WATCHED_JOBS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = REPO_ROOT / "deploy"
@@ -95,6 +101,8 @@ class Receiver:
     fail_rate: float
     stall_rate: float
     deliveries: list[Delivery] = field(default_factory=list)
+    alerts: list[str] = field(default_factory=list)  # the text of each alert message (always answered 200)
+    applied: set[str] = field(default_factory=set)  # keys answered 200: their effect happened
     lock: threading.Lock = field(default_factory=threading.Lock)
     port: int = 0
     server: ThreadingHTTPServer | None = None
@@ -102,6 +110,10 @@ class Receiver:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/hook"
+
+    @property
+    def alert_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/alerts"
 
     def decide(self, key: str, attempt: str) -> str:
         """200, 500 or a stall for this key and attempt: drawn from the seed, so a run repeats."""
@@ -117,16 +129,28 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 received = time.monotonic()
-                self.rfile.read(int(self.headers.get("content-length", "0")))
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                if self.path == "/alerts":
+                    with receiver.lock:
+                        receiver.alerts.append(json.loads(body)["text"])
+                    self.send_response(200)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
                 key = self.headers.get("idempotency-key", "")
                 attempt = self.headers.get("marketing-attempt", "")
-                answer = receiver.decide(key, attempt)
+                # A receiver that dedupes on the key (docs/OPERATIONS.md, "Webhooks: one effect, one key")
+                # answers a key it has applied with that result again, whatever else it is going through.
+                answer = "200" if key in receiver.applied else receiver.decide(key, attempt)
                 delivery = Delivery(key, attempt, answer)
                 with receiver.lock:
                     receiver.deliveries.append(delivery)
                 if answer == "stalled":
                     time.sleep(WEBHOOK_TIMEOUT_S + 1)  # the client has given up by now
                     return
+                if answer == "200":
+                    with receiver.lock:
+                        receiver.applied.add(key)
                 self.send_response(int(answer))
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -332,23 +356,25 @@ def load_events(env: Mapping[str, str], path: Path, logs: Path) -> subprocess.Po
 # --- faults --------------------------------------------------------------------------------------------
 
 
-def run_workers(replica: Daemon) -> list[int]:
-    """Pids of the run workers a code server spawned (multiprocessing children of its process)."""
-    out = subprocess.run(["pgrep", "-P", str(replica.process.pid)], capture_output=True, text=True).stdout
-    workers = []
-    for pid in out.split():
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            if b"--multiprocessing-fork" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                workers.append(int(pid))
-    return workers
+RUN_WORKER = sa.text(
+    "SELECT r.run_id, e.event FROM runs r JOIN event_logs e ON e.run_id = r.run_id"
+    " WHERE r.status = 'STARTED' AND r.pipeline_name = :job AND e.dagster_event_type = 'PIPELINE_START'"
+)
 
 
-def _kill_workers(deploy: Deployment, how_many: int) -> str:
-    pids = [pid for replica in deploy.replicas for pid in run_workers(replica)][:how_many]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return f"SIGKILL {len(pids)} run worker(s)"
+def _kill_run_worker(dagster: sa.Engine, job: str, wait_s: float = 60) -> str:
+    """SIGKILL the worker of a run of ``job`` while it runs (the pid its RUN_START event carries)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(sa.exc.SQLAlchemyError), dagster.connect() as conn:
+            for run_id, event in conn.execute(RUN_WORKER, {"job": job}).all():
+                pid = json.loads(event)["dagster_event"]["pid"]
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError, TypeError):
+                    if b"--multiprocessing-fork" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        os.kill(pid, signal.SIGKILL)
+                        return f"SIGKILL the run worker of {job} run {run_id[:8]} while it ran"
+        time.sleep(0.5)
+    return f"no {job} run was running for {wait_s:.0f} s: nothing killed"
 
 
 def _restart_daemon(deploy: Deployment) -> str:
@@ -390,22 +416,70 @@ def _receiver_away(receiver: Receiver, seconds: float) -> str:
 
 
 def fault_plan(
-    args: argparse.Namespace, deploy: Deployment, receiver: Receiver
+    args: argparse.Namespace, deploy: Deployment, receiver: Receiver, dagster: sa.Engine
 ) -> list[tuple[float, str, Callable[[], str]]]:
     """(seconds after the load starts, name, action) for each fault, spread over the load from the seed."""
     rng = random.Random(args.seed)
+    # In the order they happen: the agent runs are claimed from the start, so their worker is killed first.
     faults: list[tuple[str, Callable[[], str]]] = [
+        ("run worker mid-agent-run", lambda: _kill_run_worker(dagster, "agent_run_job")),
+        # Before the kills: work a kill hands back a lease later then finds the receiver there again.
+        ("receiver", lambda: _receiver_away(receiver, 30)),
         ("daemon", lambda: _restart_daemon(deploy)),
-        ("run workers", lambda: _kill_workers(deploy, 2)),
+        ("run worker mid-batch", lambda: _kill_run_worker(dagster, "marketing_execution_job")),
         ("code server", lambda: _restart_code_server(deploy, rng.randrange(len(deploy.replicas)))),
         ("postgres", _restart_postgres),
-        ("receiver", lambda: _receiver_away(receiver, 30)),
-        ("run workers again", lambda: _kill_workers(deploy, 2)),
     ]
     chosen = [(name, action) for name, action in faults if name.split()[0] in args.faults]
     window = max(args.spread - 20, 10)
     slots = sorted(rng.uniform(15, 15 + window) for _ in chosen)
     return [(at, name, action) for at, (name, action) in zip(slots, chosen, strict=True)]
+
+
+# --- what the machine went through ------------------------------------------------------------------
+
+
+@dataclass
+class Sampler:
+    """Every 2 s: the 1-minute load average, client connections to PostgreSQL, and Dagster runs STARTED."""
+
+    dagster: sa.Engine
+    samples: list[tuple[float, int, int]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Sampler:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        query = sa.text(
+            "SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'),"
+            " (SELECT count(*) FROM runs WHERE status = 'STARTED')"
+        )
+        while not self._stop.wait(2):
+            with contextlib.suppress(sa.exc.SQLAlchemyError):  # PostgreSQL restarting
+                with self.dagster.connect() as conn:
+                    connections, started = conn.execute(query).one()
+                self.samples.append((os.getloadavg()[0], int(connections), int(started)))
+
+    def summary(self) -> str:
+        if not self.samples:
+            return "no samples"
+        loads = sorted(load for load, _, _ in self.samples)
+        busiest = max(self.samples, key=lambda s: s[1])
+        # Connections with no run started are the daemon's, webserver's, code servers' and this script's.
+        idle = sorted(c for _, c, r in self.samples if r == 0) or [0]
+        base = idle[len(idle) // 2]
+        per_run = max(((c - base) / r for _, c, r in self.samples if r >= 1), default=0.0)
+        return (
+            f"load average median {loads[len(loads) // 2]:.1f}, peak {loads[-1]:.1f}; PostgreSQL connections peak "
+            f"{busiest[1]} (with {busiest[2]} runs STARTED), {base} with none, at most {per_run:.1f} more per run"
+        )
 
 
 # --- checks --------------------------------------------------------------------------------------------
@@ -438,6 +512,65 @@ def drained(engine: sa.Engine, dagster: sa.Engine, backfill_id: str | None) -> b
 
 
 RUNS_BY_STATUS = "SELECT status, count(*) FROM runs GROUP BY status"
+FAILED_WATCHED_RUNS = sa.text(
+    "SELECT count(*) FROM runs WHERE status = 'FAILURE' AND pipeline_name IN :jobs"
+).bindparams(sa.bindparam("jobs", expanding=True))
+
+
+def first_of_repeated_200(deliveries: list[Delivery]) -> list[Delivery]:
+    """For each key answered 200 more than once, its first delivery answered 200."""
+    firsts: dict[str, Delivery] = {}
+    counts: Counter[str] = Counter()
+    for d in deliveries:
+        if d.answer == "200":
+            counts[d.key] += 1
+            firsts.setdefault(d.key, d)
+    return [firsts[key] for key, n in counts.items() if n > 1]
+
+
+def repeated_200_cause(attempt: tuple[str | None, str | None] | None) -> str:
+    """Why a key answered 200 was sent again, from what the sender recorded for that attempt.
+
+    "timeout": the sender recorded a timeout (it gave up before reading the answer); "kill": the
+    attempt never recorded an outcome of its own (its lease expired, or its run failed and was
+    reconciled); anything else is unexplained.
+    """
+    if attempt is None:
+        return "unexplained"
+    outcome, error = attempt
+    if error and "timed out" in error:
+        return "timeout"
+    if outcome in ("LEASE_EXPIRED", "LEASE_LOST") or (error and error.startswith("Dagster run")):
+        return "kill"
+    return "unexplained"
+
+
+def bucket_overshoot(call_times: list[float], per_minute: float, slack_s: float = 5.0) -> float:
+    """How far the model calls went past the token bucket's bound, in calls (at most 0 when it held).
+
+    A bucket of ``per_minute`` tokens refilled at ``per_minute`` a minute admits at most
+    ``per_minute + rate * (t_j - t_i)`` calls between any two calls i and j. The times are those of
+    the transcript's model turns, written just after each call: ``slack_s`` of refill allows for that.
+    """
+    rate = per_minute / 60.0
+    times = sorted(call_times)
+    worst = float("-inf")
+    for i, start in enumerate(times):
+        for j in range(i, len(times)):
+            worst = max(worst, (j - i + 1) - (per_minute + rate * (times[j] - start + slack_s)))
+    return worst if times else 0.0
+
+
+def failed_watched_runs(dagster: sa.Engine) -> int:
+    """Runs of the jobs marketing_alerts_sensor watches that ended FAILURE: each should be in one alert."""
+    with dagster.connect() as conn:
+        return conn.execute(FAILED_WATCHED_RUNS, {"jobs": sorted(WATCHED_JOBS)}).scalar_one()
+
+
+def alerted_runs(texts: list[str]) -> int:
+    """Failed runs the alert messages counted, from each message's head ("... 3 failed runs, ...")."""
+    heads = (text.splitlines()[0] for text in texts if text)
+    return sum(int(m.group(1)) for head in heads if (m := re.search(r"(\d+) failed runs?\b", head)))
 
 
 @dataclass
@@ -448,6 +581,7 @@ class Round:
     faults: list[tuple[float, str]] = field(default_factory=list)
     after_last_fault_s: float = 0.0
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
+    machine: str = ""
 
     def check(self, what: str, ok: bool, detail: Any = "") -> None:
         self.checks.append((what, ok, str(detail)))
@@ -475,7 +609,28 @@ def check_round(
             ).scalars()
         }
         all_keys = {f"marketing-execution-{i}" for i in conn.execute(sa.select(marketing_execution.c.id)).scalars()}
+        a = marketing_execution_attempt
+        attempts = {
+            (f"marketing-execution-{execution_id}", str(attempt)): (outcome, error)
+            for execution_id, attempt, outcome, error in conn.execute(
+                sa.select(a.c.execution_id, a.c.attempt, a.c.outcome, a.c.error)
+            ).all()
+        }
         agents = Counter(conn.execute(sa.select(agent_run.c.status)).scalars())
+        model_calls = [
+            created.timestamp()
+            for created in conn.execute(
+                sa.select(agent_run_step.c.created_at).where(agent_run_step.c.kind == "model_turn")
+            ).scalars()
+        ]
+        failed_errors = {
+            f"marketing-execution-{i}": error or ""
+            for i, error in conn.execute(
+                sa.select(marketing_execution.c.id, marketing_execution.c.last_error).where(
+                    marketing_execution.c.status == "FAILED"
+                )
+            ).all()
+        }
         failed_reasons = Counter(
             (reason or "")[:60]
             for reason in conn.execute(
@@ -497,23 +652,40 @@ def check_round(
     )
     answered_200 = Counter(d.key for d in receiver.deliveries if d.answer == "200")
     effects = set(answered_200)
+    # An effect whose 200 was lost to a kill is retried; when every attempt left then finds the receiver
+    # gone, the execution ends FAILED ("unreachable") with its effect done: at-least-once delivery cannot
+    # know better. Counted and shown, never silent.
+    effect_then_unreachable = {k for k in effects - succeeded_keys if "unreachable" in failed_errors.get(k, "")}
     result.check(
         "distinct effects (keys answered 200) = executions that SUCCEEDED",
-        effects == succeeded_keys,
-        f"{len(effects)} effects, {len(succeeded_keys)} SUCCEEDED; "
-        f"{len(effects - succeeded_keys)} effects without SUCCEEDED, {len(succeeded_keys - effects)} SUCCEEDED without",
+        effects - effect_then_unreachable == succeeded_keys and (not effect_then_unreachable or bool(result.faults)),
+        f"{len(effects)} effects, {len(succeeded_keys)} SUCCEEDED; {len(effects - succeeded_keys)} effects without "
+        f"SUCCEEDED ({len(effect_then_unreachable)} of them 200 before a kill, then every attempt left unreachable), "
+        f"{len(succeeded_keys - effects)} SUCCEEDED without",
     )
     extra = sum(delivered.values()) - len(delivered)
     causes = Counter(d.answer for d in receiver.deliveries)
-    twice_200 = sum(1 for n in answered_200.values() if n > 1)
+    repeats = Counter(
+        repeated_200_cause(attempts.get((d.key, d.attempt))) for d in first_of_repeated_200(receiver.deliveries)
+    )
     result.check(
-        "deliveries beyond one per key explained (a 200 in time repeated only after a kill)",
-        bool(result.faults) or twice_200 == 0,
+        "deliveries beyond one per key explained (a 200 in time repeated only after a sender timeout or a kill)",
+        not repeats["unexplained"] and (not repeats["kill"] or bool(result.faults)),
         f"{extra} extra: retries after {causes['500']} answers of 500, {causes['stalled']} stalls and "
-        f"{causes['200 late']} answers after the timeout; {twice_200} keys answered 200 twice in time (a kill "
-        "between the POST and its record)",
+        f"{causes['200 late']} answers after the timeout; keys answered 200 again after a 200 in time: "
+        f"{repeats['timeout']} whose sender timed out first (a CPU-starved run worker read the answer too late), "
+        f"{repeats['kill']} whose attempt was cut off (a kill between the POST and its record), "
+        f"{repeats['unexplained']} unexplained",
     )
     result.check("every agent run terminal", not (agents["QUEUED"] or agents["RUNNING"]), dict(agents))
+    overshoot = bucket_overshoot(model_calls, args.model_calls_per_minute)
+    busiest = max((sum(1 for t in model_calls if start <= t < start + 60) for start in model_calls), default=0)
+    result.check(
+        "the token bucket never over-admitting",
+        overshoot <= 0,
+        f"{len(model_calls)} model calls, at most {busiest} in a minute at {args.model_calls_per_minute:g}/min; "
+        f"{max(overshoot, 0):.1f} beyond the bucket's bound",
+    )
     with dagster.connect() as conn:
         runs = dict(conn.execute(sa.text(RUNS_BY_STATUS)).all())
         held = conn.execute(
@@ -525,6 +697,13 @@ def check_round(
     in_progress = sum(n for s, n in runs.items() if s in ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "CANCELING"))
     result.check("no Dagster run left in progress", in_progress == 0, runs)
     result.check("no agent_runs pool slot held by a finished run", held == 0, f"{held} held")
+    failed_runs, alerted = failed_watched_runs(dagster), alerted_runs(receiver.alerts)
+    daemon_killed = any("daemon" in what for _, what in result.faults)
+    result.check(
+        "every failed run alerted once (more only after a daemon kill between the POST and the cursor)",
+        alerted == failed_runs or (alerted > failed_runs and daemon_killed),
+        f"{failed_runs} runs FAILURE, {alerted} counted in {len(receiver.alerts)} alert(s)",
+    )
     first = date.today() - timedelta(days=args.backfill_days)
     events, rolled = day_totals(engine, first, date.today() - timedelta(days=1))
     wrong = {
@@ -567,6 +746,11 @@ def run_round(label: str, args: argparse.Namespace, with_faults: bool, logs: Pat
         "MARKETING_LATE_EVENTS_INTERVAL_SECONDS": "30",
         "MARKETING_MODEL_PROVIDER": "offline",
         "MARKETING_MEASUREMENT_START_DATE": (date.today() - timedelta(days=args.backfill_days)).isoformat(),
+        "MARKETING_ALERT_WEBHOOK_URL": receiver.alert_url,
+        "MARKETING_EXECUTION_LEASE_SECONDS": str(args.lease),
+        "MARKETING_AGENT_LEASE_GRACE_SECONDS": str(args.lease),
+        "MARKETING_AGENT_MAX_RUN_SECONDS": str(args.lease),
+        "MARKETING_MAX_MODEL_CALLS_PER_MINUTE": str(args.model_calls_per_minute),
     }
     with throwaway_database("postgres") as app_url, deployment(app_url, logs, overrides) as deploy:
         engine = get_engine(app_url)
@@ -575,12 +759,14 @@ def run_round(label: str, args: argparse.Namespace, with_faults: bool, logs: Pat
             write_events(events_file, args, date.today() - timedelta(days=args.backfill_days))
         with httpx.Client(base_url=f"http://127.0.0.1:{deploy.web_port}", timeout=60) as client:
             wait_loaded(client, deploy.others["webserver"])
+            dagster = get_engine(dagster_url(deploy.env))
+            sampler = Sampler(dagster).__enter__()
             seed_load(engine, args, receiver)
             started = time.monotonic()
             loader = load_events(deploy.env, events_file, logs) if args.events else None
             days = [(date.today() - timedelta(days=d)).isoformat() for d in range(args.backfill_days, 0, -1)]
             backfill_id = launch(client, asset_backfill(days, ("measurement_daily_rollup",)))
-            plan = fault_plan(args, deploy, receiver) if with_faults else []
+            plan = fault_plan(args, deploy, receiver, dagster) if with_faults else []
             last_fault = started
             for at, _name, action in plan:
                 time.sleep(max(0.0, started + at - time.monotonic()))
@@ -589,7 +775,6 @@ def run_round(label: str, args: argparse.Namespace, with_faults: bool, logs: Pat
                 result.faults.append((round(last_fault - started, 1), what))
                 print(f"  [{label}] {last_fault - started:6.1f} s  {what}", flush=True)
             deadline = time.monotonic() + args.timeout
-            dagster = get_engine(dagster_url(deploy.env))
             while not drained(engine, dagster, backfill_id):
                 if time.monotonic() > deadline:
                     result.check("drained within --timeout", False, dict(execution_states(engine)))
@@ -599,6 +784,12 @@ def run_round(label: str, args: argparse.Namespace, with_faults: bool, logs: Pat
                 loader.wait(timeout=args.timeout)
             # Late events (loaded after their day's rollup) are picked up by the late-events sensor: wait for it.
             time.sleep(0 if not args.events else 75)
+            # The alert sensor ticks once a minute: wait for it to report the last failures.
+            alerts_deadline = time.monotonic() + 150
+            while alerted_runs(receiver.alerts) < failed_watched_runs(dagster) and time.monotonic() < alerts_deadline:
+                time.sleep(5)
+            sampler.__exit__()
+            result.machine = sampler.summary()
             result.seconds_to_drain = time.monotonic() - started
             result.after_last_fault_s = time.monotonic() - last_fault if plan else 0.0
             result.executions_per_minute = args.executions / (result.seconds_to_drain / 60)
@@ -618,6 +809,12 @@ def main() -> None:
     parser.add_argument("--per-run", type=int, default=250, help="MARKETING_EXECUTIONS_PER_RUN (default 250)")
     parser.add_argument("--agent-runs", type=int, default=100, help="agent runs, offline provider (default 100)")
     parser.add_argument("--users", type=int, default=4, help="users requesting them (default 4)")
+    parser.add_argument(
+        "--model-calls-per-minute",
+        type=int,
+        default=40,
+        help="MARKETING_MAX_MODEL_CALLS_PER_MINUTE (default 40: below the agent runs' pace, so the bucket binds)",
+    )
     parser.add_argument("--backfill-days", type=int, default=90, help="days of the measurement backfill (default 90)")
     parser.add_argument("--events", type=int, default=50_000, help="events in the file loaded during the load")
     parser.add_argument("--fail-rate", type=float, default=0.10, help="share of deliveries answered 500")
@@ -627,6 +824,13 @@ def main() -> None:
         type=float,
         default=15.0,
         help="MARKETING_RETRY_BACKOFF_SECONDS (default 15: the third attempt comes after the receiver's 30 s away)",
+    )
+    parser.add_argument(
+        "--lease",
+        type=int,
+        default=300,
+        help="MARKETING_EXECUTION_LEASE_SECONDS, MARKETING_AGENT_MAX_RUN_SECONDS, MARKETING_AGENT_LEASE_GRACE_SECONDS "
+        "(default 300, the shipped values): how long the work of a killed run worker waits",
     )
     parser.add_argument(
         "--faults",
@@ -641,6 +845,10 @@ def main() -> None:
     args.faults = {f.strip() for f in args.faults.split(",") if f.strip()}
     if args.executions < 1 or not 0 <= args.fail_rate + args.stall_rate < 1 or args.backfill_days < 1:
         parser.error("--executions and --backfill-days must be at least 1, and --fail-rate + --stall-rate below 1")
+    if not 1 <= args.model_calls_per_minute <= 100_000:
+        parser.error(f"--model-calls-per-minute must be between 1 and 100000, got {args.model_calls_per_minute}")
+    if not 5 <= args.lease <= 86_400:
+        parser.error(f"--lease must be between 5 and 86400 seconds, got {args.lease}")
 
     root = args.log_dir or Path(tempfile.mkdtemp(prefix="mp-soak-"))
     rounds = []
@@ -659,9 +867,13 @@ def main() -> None:
             f"round {r.label}: {len(r.faults)} fault(s), drained {r.seconds_to_drain:.0f} s after the load started"
             + (f", {r.after_last_fault_s:.0f} s after the last fault" if r.faults else ""),
             ["check", "holds", "figures"],
-            [(what, "yes" if ok else "NO", detail[:160]) for what, ok, detail in r.checks],
+            [(what, "yes" if ok else "NO", detail[:400]) for what, ok, detail in r.checks],
         )
-        failed |= not all(ok for _, ok, _ in r.checks)
+        print(f"round {r.label}: {r.machine}")
+        for what, ok, detail in r.checks:
+            if not ok:
+                print(f"round {r.label}: check failed: {what}: {detail}")
+                failed = True
     by_label = {r.label: r for r in rounds}
     if "calm" in by_label and "faults" in by_label:
         ratio = by_label["faults"].executions_per_minute / by_label["calm"].executions_per_minute
@@ -675,4 +887,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     socket.setdefaulttimeout(60)
+    # SIGTERM (and SIGINT, which a shell ignores in a background job) unwinds: the processes stop and
+    # the throwaway databases are dropped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     main()

@@ -49,8 +49,11 @@ def sqlite_url(sqlite_template: Path, tmp_path: Path) -> str:
 @pytest.fixture(scope="session")
 def pg_database() -> Iterator[str]:
     admin_url = _admin_url()
+    # pool_pre_ping: test_soak.py restarts the server, which closes the connection this pool holds.
     admin = sa.create_engine(
-        admin_url.replace("postgresql://", "postgresql+psycopg2://", 1), isolation_level="AUTOCOMMIT"
+        admin_url.replace("postgresql://", "postgresql+psycopg2://", 1),
+        isolation_level="AUTOCOMMIT",
+        pool_pre_ping=True,
     )
     try:
         with admin.connect() as conn:

@@ -11,8 +11,10 @@ that the check can fail.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
+import sys
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -445,11 +447,11 @@ def test_a_changed_instance_number_is_named_by_its_key(values: dict[str, Any], i
     del changed["concurrency"]["runs"]["maxConcurrentRuns"]
     assert instance_problems(changed, instance) == [
         "deploy/helm/values.yaml dagsterDaemon.runCoordinator.config.customRunCoordinator.config.dequeue_num_workers"
-        " = 8, deploy/dagster.yaml run_coordinator.config.dequeue_num_workers = 4",
+        " = 8, deploy/dagster.yaml run_coordinator.config.dequeue_num_workers = 2",
         "deploy/helm/values.yaml dagsterDaemon.runMonitoring.pollIntervalSeconds = 120,"
         " deploy/dagster.yaml run_monitoring.poll_interval_seconds = 5",
         "deploy/helm/values.yaml concurrency.runs.maxConcurrentRuns = '(not set)',"
-        " deploy/dagster.yaml concurrency.runs.max_concurrent_runs = 25",
+        " deploy/dagster.yaml concurrency.runs.max_concurrent_runs = 8",
     ]
 
 
@@ -524,3 +526,86 @@ def test_the_image_runs_as_a_non_root_user(dockerfile_text: str, values: dict[st
     assert the_deployment(values)["podSecurityContext"]["runAsNonRoot"] is True, (
         "deploy/helm/values.yaml dagster-user-deployments.deployments[0].podSecurityContext.runAsNonRoot"
     )
+
+
+# --- deploy/size.py: the instance sized to its machine ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def size_py() -> Iterator[Any]:
+    spec = importlib.util.spec_from_file_location("deploy_size", ROOT / "deploy" / "size.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def test_the_shipped_instance_is_size_py_for_two_cores(size_py: Any) -> None:
+    assert size_py.render(size_py.sizing(2)) == INSTANCE.read_text(encoding="utf-8")
+
+
+def test_size_py_counts_the_sensors_the_project_defines(size_py: Any) -> None:
+    from marketing_pipelines.definitions import defs
+
+    assert len(defs.get_repository_def().sensor_defs) == size_py.SENSORS
+
+
+@pytest.mark.parametrize(
+    ("cores", "max_connections", "expected"),
+    [
+        (1, None, (4, 2, 2)),
+        (2, None, (8, 2, 4)),
+        (8, None, (32, 8, 10)),
+        (32, None, (128, 32, 10)),
+        (8, 1000, (32, 8, 10)),
+        # PostgreSQL's default 100 connections hold 7 run workers of 11 (a fifth kept for everything else).
+        (32, 100, (7, 32, 10)),
+        (2, 100, (7, 2, 4)),
+    ],
+)
+def test_the_numbers_follow_the_cores_and_postgresql(
+    size_py: Any, cores: int, max_connections: int | None, expected: tuple[int, int, int]
+) -> None:
+    size = size_py.sizing(cores, max_connections)
+    assert (size.max_concurrent_runs, size.dequeue_num_workers, size.sensor_workers) == expected
+    needed = size_py.connections_needed(size.max_concurrent_runs)
+    assert max_connections is None or needed <= max_connections
+    # What the table says a size needs is exactly what keeps it uncapped.
+    assert size_py.sizing(cores, needed).max_concurrent_runs == size.max_concurrent_runs
+    assert size_py.sizing(cores, needed - 1).max_concurrent_runs < size.max_concurrent_runs
+
+
+def test_every_sizing_is_an_instance_dagster_accepts(size_py: Any, tmp_path: Path) -> None:
+    from dagster._core.instance.config import dagster_instance_config
+
+    for cores in (1, 2, 8, 32):
+        (tmp_path / "dagster.yaml").write_text(size_py.render(size_py.sizing(cores)), encoding="utf-8")
+        config, _ = dagster_instance_config(str(tmp_path))
+        assert config["concurrency"]["runs"]["max_concurrent_runs"] == 4 * cores
+        assert config["run_coordinator"]["config"]["dequeue_num_workers"] == max(2, cores)
+        assert config["sensors"]["num_workers"] == min(2 * cores, 10)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--cores", "0"], "size.py: cores must be at least 1, got 0"),
+        (["--cores", "4", "--pg-max-connections", "5"], "size.py: PostgreSQL max_connections must be at least 20"),
+    ],
+)
+def test_size_py_refuses_a_nonsense_machine_in_one_line(
+    size_py: Any, argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        size_py.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(expected) and err.count("\n") == 1
+
+
+def test_a_moved_setting_stops_size_py_instead_of_printing_the_old_number(size_py: Any) -> None:
+    template = INSTANCE.read_text(encoding="utf-8").replace("    max_concurrent_runs: 8\n", "    max_runs: 8\n")
+    with pytest.raises(ValueError, match="expected one line matching"):
+        size_py.render(size_py.sizing(8), template)

@@ -53,6 +53,18 @@ def _tick(db_url: str, instance: dg.DagsterInstance, settings: ExecutionSettings
     return sensor_requests(due_executions_sensor, db_url, instance, settings)
 
 
+def _run_of(
+    instance: dg.DagsterInstance, request: dg.RunRequest, status: dg.DagsterRunStatus | None = None
+) -> dg.DagsterRun:
+    """The run Dagster would create for ``request`` (NOT_STARTED unless ``status`` says otherwise)."""
+    return instance.create_run_for_job(
+        job_def=marketing_execution_job,
+        run_config=request.run_config,
+        tags=request.tags,
+        **({"status": status} if status is not None else {}),
+    )
+
+
 BACKING_OFF = ExecutionSettings(retry_backoff_seconds=600)
 
 
@@ -292,7 +304,7 @@ def test_claims_of_a_run_whose_worker_never_started_are_due_again_at_once(
     # replica costs a sensor tick, not a backoff (or, before this, a lease).
     ids = _schedule(engine, hook.url, n=2)
     [request] = _tick(db_url, instance)
-    run = instance.create_run_for_job(job_def=marketing_execution_job, run_config=request.run_config, tags=request.tags)
+    run = _run_of(instance, request)
     instance.report_run_failed(run, "Run timed out due to taking longer than 60 seconds to start.")
     failed = instance.get_run_by_id(run.run_id)
     assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
@@ -321,7 +333,7 @@ def test_canceled_run_cancels_the_executions_it_held(
 ) -> None:
     ids = _schedule(engine, hook.url, n=2)
     [request] = _tick(db_url, instance)
-    run = instance.create_run_for_job(job_def=marketing_execution_job, run_config=request.run_config, tags=request.tags)
+    run = _run_of(instance, request)
     instance.report_run_canceled(run)
     canceled = instance.get_run_by_id(run.run_id)
     assert canceled is not None and canceled.status == dg.DagsterRunStatus.CANCELED
@@ -344,12 +356,7 @@ def test_a_run_whose_worker_stopped_renewing_its_leases_is_failed_not_left_start
     # work and marks the run FAILURE, where the Runs page and run-failure alerts see it.
     ids = _schedule(engine, hook.url, n=2)
     [request] = _tick(db_url, instance)
-    run = instance.create_run_for_job(
-        job_def=marketing_execution_job,
-        run_config=request.run_config,
-        tags=request.tags,
-        status=dg.DagsterRunStatus.STARTED,
-    )
+    run = _run_of(instance, request, dg.DagsterRunStatus.STARTED)
     alive = instance.create_run_for_job(
         job_def=marketing_execution_job, run_config=request.run_config, status=dg.DagsterRunStatus.STARTED
     )
@@ -421,9 +428,7 @@ def test_a_claim_whose_run_waits_in_dagsters_queue_is_left_alone(
     [request] = _tick(db_url, instance)
     # Created and not started, as a run waiting behind max_concurrent_runs is (Dagster creates a QUEUED
     # run only with its code location's origin, which a test instance has not).
-    waiting = instance.create_run_for_job(
-        job_def=marketing_execution_job, run_config=request.run_config, tags=request.tags
-    )
+    waiting = _run_of(instance, request)
     _age_claim(engine, ids, UNLAUNCHED_CLAIM_SECONDS * 2)  # waiting for minutes
     assert _tick(db_url, instance) == []
     assert {_row(engine, i)["lease_owner"] for i in ids} == {request.tags[TAG_CLAIMED_BY]}
@@ -438,12 +443,7 @@ def test_a_run_that_died_before_taking_its_claim_over_is_failed_not_left_started
     # the run showed STARTED for ever: nothing pointed from the rows to it.
     ids = _schedule(engine, hook.url, n=2)
     [request] = _tick(db_url, instance)
-    run = instance.create_run_for_job(
-        job_def=marketing_execution_job,
-        run_config=request.run_config,
-        tags=request.tags,
-        status=dg.DagsterRunStatus.STARTED,
-    )
+    run = _run_of(instance, request, dg.DagsterRunStatus.STARTED)
     with engine.begin() as conn:  # the claim's lease ran out; no take-over ever happened
         conn.execute(sa.update(t).where(t.c.id.in_(ids)).values(lease_expires_at=datetime.now(UTC) - timedelta(1)))
     [again] = _tick(db_url, instance)
@@ -452,7 +452,7 @@ def test_a_run_that_died_before_taking_its_claim_over_is_failed_not_left_started
     assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
     # A run of an expired claim that has not started (waiting in Dagster's queue) is left to start and find
     # its rows taken: it is not dead.
-    waiting = instance.create_run_for_job(job_def=marketing_execution_job, run_config=again.run_config, tags=again.tags)
+    waiting = _run_of(instance, again)
     with engine.begin() as conn:
         conn.execute(sa.update(t).where(t.c.id.in_(ids)).values(lease_expires_at=datetime.now(UTC) - timedelta(1)))
     _tick(db_url, instance)
@@ -468,15 +468,7 @@ def test_a_live_run_of_the_same_claim_is_left_alone_when_its_sibling_died_before
     ids = _schedule(engine, hook.url, n=2)
     first, second = _tick(db_url, instance, ExecutionSettings(executions_per_run=1))
     assert first.tags[TAG_CLAIMED_BY] == second.tags[TAG_CLAIMED_BY]
-    alive, dead = (
-        instance.create_run_for_job(
-            job_def=marketing_execution_job,
-            run_config=r.run_config,
-            tags=r.tags,
-            status=dg.DagsterRunStatus.STARTED,
-        )
-        for r in (first, second)
-    )
+    alive, dead = (_run_of(instance, r, dg.DagsterRunStatus.STARTED) for r in (first, second))
     [alive_row] = executions_of_run(first.run_config)
     [dead_row] = executions_of_run(second.run_config)
     with engine.begin() as conn:  # A took its row over (and renews it); B's row still names the claim
@@ -504,7 +496,7 @@ def test_unlaunched_and_launched_claims_looked_up_together(
     # Two ticks' claims past UNLAUNCHED_CLAIM_SECONDS in one lookup: only the one without a run is recovered.
     [first_id] = _schedule(engine, hook.url, n=1)
     [launched] = _tick(db_url, instance)
-    instance.create_run_for_job(job_def=marketing_execution_job, run_config=launched.run_config, tags=launched.tags)
+    _run_of(instance, launched)
     with engine.begin() as conn:
         second_id = schedule_execution(
             conn,
