@@ -1,9 +1,13 @@
-"""How often the agent_runs pool lets more ops run at once than its limit on SQLite instance storage.
+"""How often Dagster's per-step pool claim (``granularity: op``) lets more agent ops run at once than
+the limit, on SQLite instance storage.
 
-Dagster's slot claim takes ``FOR UPDATE SKIP LOCKED``, which compiles to nothing on SQLite, so two
-run workers can both see the last free slot. This repeats the experiment of
-``marketing_pipelines_tests/agents/test_pool.py`` (which proves the bound on PostgreSQL) with a
-fresh SQLite DAGSTER_HOME and SQLite application database per trial: ``--runs`` agent runs are
+The shipped dagster.yaml files use ``granularity: run`` instead, because of what this measures:
+Dagster's step slot claim selects a free slot row and then updates it without checking it is still
+free, in autocommit, so two run workers can both take the last slot (``FOR UPDATE SKIP LOCKED``
+compiles to nothing on SQLite, and on PostgreSQL the lock ends with the SELECT; CI once saw 3 ops
+against a limit of 2 there). ``marketing_pipelines_tests/agents/test_pool.py`` proves the shipped
+bound through the real run queue. Each trial here uses a fresh SQLite DAGSTER_HOME at
+``granularity: op`` and a SQLite application database: ``--runs`` agent runs are
 claimed in one sensor tick, the pool is set to ``--limit``, one run-worker process per run starts
 at once, and the STEP_START..STEP_SUCCESS windows of ``run_agent`` in the event log give the most
 agent ops that ran at once. Model calls go to a local fake OpenAI-compatible server.
@@ -56,7 +60,7 @@ def main() -> None:
         for trial_no in range(1, args.trials + 1):
             started = time.monotonic()
             with throwaway_database("sqlite") as app_url, tempfile.TemporaryDirectory(prefix="mp-pool-") as tmp:
-                home = write_dagster_home(Path(tmp) / "dagster_home")
+                home = write_dagster_home(Path(tmp) / "dagster_home", granularity="op")
                 env = agent_env(fake, app_url, home, MARKETING_MAX_CONCURRENT_AGENT_RUNS=str(args.runs))
                 os.environ.update(env)
                 engine = get_engine(app_url)

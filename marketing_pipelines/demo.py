@@ -162,7 +162,7 @@ run_monitoring:
 concurrency:
   pools:
     default_limit: 4
-    granularity: op
+    granularity: run
   runs:
     max_concurrent_runs: 10
 telemetry:

@@ -145,10 +145,22 @@ def agent_env(fake: FakeOpenAI, app_url: str, dagster_home: Path, **extra: str) 
 # --- Dagster instance homes --------------------------------------------------------------------
 
 
-def write_dagster_home(home: Path, storage_url: str | None = None, extra_yaml: str = "") -> Path:
-    """A DAGSTER_HOME with a dagster.yaml: PostgreSQL storage when ``storage_url`` is given, else SQLite."""
+def write_dagster_home(
+    home: Path,
+    storage_url: str | None = None,
+    extra_yaml: str = "",
+    granularity: str = "run",
+    max_concurrent_runs: int | None = None,
+) -> Path:
+    """A DAGSTER_HOME with a dagster.yaml: PostgreSQL storage when ``storage_url`` is given, else SQLite.
+
+    Pools at ``granularity`` ``run`` as the shipped dagster.yaml files; ``op`` for the measurement
+    of Dagster's per-step slot claim (benchmarks/pool_overshoot_sqlite.py).
+    """
     home.mkdir(parents=True, exist_ok=True)
-    lines = ["telemetry:", "  enabled: false", "concurrency:", "  pools:", "    granularity: op"]
+    lines = ["telemetry:", "  enabled: false", "concurrency:", "  pools:", f"    granularity: {granularity}"]
+    if max_concurrent_runs is not None:
+        lines += ["  runs:", f"    max_concurrent_runs: {max_concurrent_runs}"]
     if storage_url is not None:
         lines += ["storage:", "  postgres:", f"    postgres_url: {json.dumps(storage_url)}"]
     (home / "dagster.yaml").write_text("\n".join(lines) + "\n" + extra_yaml)

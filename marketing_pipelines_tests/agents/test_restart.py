@@ -144,10 +144,9 @@ def test_killed_agent_run_is_recovered_after_its_lease_and_finishes_exactly_once
     # the Runs page and in alerts instead of staying STARTED for ever.
     first_run = world.instance.get_run_by_id(first_run_id)
     assert first_run is not None and first_run.status == dg.DagsterRunStatus.FAILURE
-    # Its pool slot is still held here; with the run ended, run monitoring frees it
-    # (free_slots_after_run_end_seconds, see test_pool.py), which no daemon runs in this test.
-    claimed = world.instance.event_log_storage.get_concurrency_info("agent_runs").claimed_slots
-    assert [slot.run_id for slot in claimed] == [first_run_id]
+    # Pools at granularity run (the shipped dagster.yaml): the run queue counted the run while it was
+    # STARTED, and no step slot was claimed that a killed worker could leave behind.
+    assert world.instance.event_log_storage.get_concurrency_info("agent_runs").claimed_slots == []
 
 
 def _request_in_this_process(env: dict[str, str]) -> int:
