@@ -24,8 +24,6 @@ Prints ms per execution for both and their ratio, the median of the rounds, with
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import statistics
 import sys
@@ -211,18 +209,16 @@ def one_round(n: int, action: str, hook_url: str | None, home: Path) -> tuple[fl
             engine = get_engine(op_url)
             capture = Capture()
             capture.attach(engine)
-            # The op prints a line per success to the run's stdout (captured by a real run worker).
-            with contextlib.redirect_stdout(io.StringIO()):
-                result = marketing_execution_job.execute_in_process(
-                    run_config=request.run_config,
-                    tags=request.tags,
-                    instance=instance,
-                    resources={
-                        "app_db": AppDatabase(url=op_url),
-                        "webhook": WebhookClient(timeout_s=5, allow_networks=["127.0.0.1/32"]),
-                        "execution_settings": settings,
-                    },
-                )
+            result = marketing_execution_job.execute_in_process(
+                run_config=request.run_config,
+                tags=request.tags,
+                instance=instance,
+                resources={
+                    "app_db": AppDatabase(url=op_url),
+                    "webhook": WebhookClient(timeout_s=5, allow_networks=["127.0.0.1/32"]),
+                    "execution_settings": settings,
+                },
+            )
             op_s = _op_seconds(instance, result.run_id)
         floor_s = _replay(floor_url, capture.transactions)
         op_rows, floor_rows = _outcomes(op_url), _outcomes(floor_url)

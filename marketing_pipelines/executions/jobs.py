@@ -66,7 +66,7 @@ class ExecutionOutcome:
     action: str
     attempt: int
     outcome: str  # SUCCEEDED, RESCHEDULED, FAILED, LEASE_LOST or SKIPPED
-    detail: str  # as it may be shown (made by _redacted, or our own state text), even quoting a receiver
+    detail: str
     seconds: float
 
 
@@ -193,7 +193,7 @@ def _report(context: dg.OpExecutionContext, done: _Attempted, status: str | None
         )
         return outcome("LEASE_LOST", state)
     if status == "SUCCEEDED":
-        detail = _redacted(", ".join(f"{k}={v}" for k, v in done.result.items()), row["payload"])
+        detail = shown_text(_redacted(", ".join(f"{k}={v}" for k, v in done.result.items()), row["payload"]))
         return outcome("SUCCEEDED", detail)
     if status == "FAILED":
         context.log.error(f"{done.label} FAILED after {row['attempts']} of {row['max_attempts']} attempts: {error}")
@@ -259,8 +259,7 @@ def _outcome_table(outcomes: Sequence[ExecutionOutcome]) -> dg.TableMetadataValu
                     "action": o.action,
                     "attempt": o.attempt,
                     "outcome": o.outcome,
-                    # Already as shown (_redacted); redacting a thousand details again cost more than the SQL.
-                    "detail": o.detail[:300],
+                    "detail": shown_text(o.detail)[:300],  # may quote a receiver's answer
                     "seconds": round(o.seconds, 3),
                 }
             )
