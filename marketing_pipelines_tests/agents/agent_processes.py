@@ -344,19 +344,7 @@ def max_overlap(windows: Sequence[StepWindow]) -> int:
     return peak
 
 
-def blocked_runs(instance: dg.DagsterInstance, run_ids: Sequence[str], pool: str) -> list[str]:
-    """Runs whose step logged "Step blocked by limit for pool <pool>" at least once."""
-    message = f"blocked by limit for pool {pool}"
-    return [
-        run_id
-        for run_id in run_ids
-        if any(
-            message in (e.message or "") for e in instance.all_logs(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)
-        )
-    ]
-
-
-# --- the pool experiment (test_pool.py on PostgreSQL, the SQLite benchmark) -----------------------
+# --- the pool experiment at granularity op (benchmarks/pool_overshoot_sqlite.py) -----------------
 
 
 @dataclass(frozen=True)
