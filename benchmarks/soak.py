@@ -645,10 +645,17 @@ def check_round(
     )
     result.check("why executions FAILED", True, dict(failed_reasons.most_common(3)))
     delivered = Counter(d.key for d in receiver.deliveries)
+    never = all_keys - set(delivered)
+    # What became of each attempt of a key never delivered: the fault that took it, by attempt number.
+    lost_to = Counter(
+        f"attempt {attempt}: {outcome or 'open'} {(error or '')[:70]}"
+        for (key, attempt), (outcome, error) in attempts.items()
+        if key in never
+    )
     result.check(
         "every idempotency key delivered at least once",
-        all_keys <= set(delivered),
-        f"{len(all_keys - set(delivered))} never",
+        not never,
+        f"{len(never)} never" + (f"; their attempts: {dict(lost_to.most_common(6))}" if never else ""),
     )
     answered_200 = Counter(d.key for d in receiver.deliveries if d.answer == "200")
     effects = set(answered_200)

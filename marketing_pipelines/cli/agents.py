@@ -222,7 +222,8 @@ def agents_show(agent_run_id: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"run": run, "transcript": steps}, default=str, indent=2))
         return
-    for key in ("id", "agent", "campaign_id", "requested_by", "status", "attempts", "max_attempts", "run_id"):
+    keys = ("id", "agent", "campaign_id", "requested_by", "status", "attempts", "lost_attempts", "max_attempts")
+    for key in (*keys, "run_id"):
         click.echo(f"{key:>13}: {shown_text(cell_text(run.get(key)))}")
     # Errors and output whole (a table cell is cut at 60 characters), never raw: model text may hold
     # escape sequences that would rewrite the terminal.

@@ -284,15 +284,16 @@ def executions_show(execution_id: int, with_body: bool, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"execution": execution, "attempts": attempts}, default=str, indent=2))
         return
-    for key in ("id", "campaign_id", "stage", "action", "status", "due_at", "attempts", "max_attempts", "run_id"):
-        click.echo(f"{key:>12}: {cell_text(execution.get(key))}")
-    click.echo(f"{'payload':>12}: {shown_text(json.dumps(execution['payload'], default=str, ensure_ascii=False))}")
-    click.echo(f"{'last_error':>12}: {shown_text(execution.get('last_error') or '-')}")
+    keys = ("id", "campaign_id", "stage", "action", "status", "due_at", "attempts", "lost_attempts", "max_attempts")
+    for key in (*keys, "run_id"):
+        click.echo(f"{key:>13}: {cell_text(execution.get(key))}")
+    click.echo(f"{'payload':>13}: {shown_text(json.dumps(execution['payload'], default=str, ensure_ascii=False))}")
+    click.echo(f"{'last_error':>13}: {shown_text(execution.get('last_error') or '-')}")
     click.echo("attempts:")
     emit_rows(attempts, ["attempt", "run_id", "started_at", "finished_at", "outcome", "error"], False)
     for attempt in attempts:  # not a table column: a cell is cut at 60 characters, a link must stay whole
         if attempt["run_url"]:
-            click.echo(f"{'attempt ' + str(attempt['attempt']):>12}: {attempt['run_url']}")
+            click.echo(f"{'attempt ' + str(attempt['attempt']):>13}: {attempt['run_url']}")
     if execution["attempts"] > len(attempts):
         # The claim counts an attempt; a run that never started (or started after its lease expired
         # and found another attempt owning the row) leaves no attempt row.

@@ -40,6 +40,15 @@ RETRYABLE = (FAILED, CANCELLED)
 
 LEASE_EXPIRED_ERROR = "lease expired: the worker stopped renewing it (crashed, killed, or its run never started)"
 
+# An attempt lost to the infrastructure (its lease ran out, or its run failed or never started before
+# recording the row's outcome) says nothing about the work itself: a daemon kill, a code-server
+# restart or a database restart must not spend the budget a row has for a failing receiver or model,
+# the way Dagster's run retries tell a crashed worker from a failed op. Such an attempt moves the
+# row's last attempt out by one instead. A row lost this many times (one that kills every worker
+# it reaches, say) ends FAILED all the same.
+MAX_LOST_ATTEMPTS = 5
+LOST_ATTEMPTS_ERROR = f"gave up after {MAX_LOST_ATTEMPTS} attempts lost before they recorded an outcome"
+
 
 def new_claim_owner() -> str:
     """A lease owner unique to one sensor tick on one replica (host, pid, random suffix)."""
@@ -283,23 +292,28 @@ def retry_or_fail(
     error: str,
     retry_delay_s: float,
     run_id: str | None = None,
+    lost: bool = False,
 ) -> str | None:
     """After a failed attempt: back to the queue, or FAILED once attempts reach max_attempts.
+
+    ``lost``: the attempt ended without an outcome of its own (its run failed before recording
+    one), so it does not spend the budget (``MAX_LOST_ATTEMPTS``).
 
     One fenced statement decides and writes, so two reporters of the same failure (the run
     itself and the run-failure sensor) cannot both act. Returns the new status, or None when
     the row was not held by ``owner`` (and ``run_id``, when given).
     """
     t = queue.table
-    exhausted = t.c.attempts >= t.c.max_attempts
-    values: dict[str, Any] = {
-        "status": sa.case((exhausted, FAILED), else_=queue.ready_status),
-        "finished_at": sa.case((exhausted, now_expr(conn)), else_=None),
-        queue.error_column: error,
-        "lease_owner": None,
-        "lease_expires_at": None,
-        "updated_at": now_expr(conn),
-    }
+    if lost:
+        exhausted, values = _lost_values(conn, queue, error)
+    else:
+        exhausted = t.c.attempts >= t.c.max_attempts
+        values: dict[str, Any] = {
+            "status": sa.case((exhausted, FAILED), else_=queue.ready_status),
+            "finished_at": sa.case((exhausted, now_expr(conn)), else_=None),
+            queue.error_column: error,
+        }
+    values.update(lease_owner=None, lease_expires_at=None, updated_at=now_expr(conn))
     if queue.retry_moves_due:
         values[queue.due_column] = sa.case(
             (exhausted, queue.col(queue.due_column)), else_=now_expr(conn, retry_delay_s)
@@ -344,15 +358,32 @@ def expire_claims(conn: sa.Connection, queue: LeaseQueue, owners: Sequence[str])
     return conn.execute(stmt).rowcount
 
 
+def _lost_values(conn: sa.Connection, queue: LeaseQueue, error: str) -> tuple[sa.ColumnElement[bool], dict[str, Any]]:
+    """Whether a row gives up after losing one more attempt, and the values that record the loss.
+
+    Back in the queue with its last attempt moved out by one, or FAILED at ``MAX_LOST_ATTEMPTS``.
+    """
+    t = queue.table
+    gives_up = t.c.lost_attempts + 1 >= MAX_LOST_ATTEMPTS
+    return gives_up, {
+        "status": sa.case((gives_up, FAILED), else_=queue.ready_status),
+        "finished_at": sa.case((gives_up, now_expr(conn)), else_=None),
+        "max_attempts": sa.case((gives_up, t.c.max_attempts), else_=t.c.max_attempts + 1),
+        "lost_attempts": t.c.lost_attempts + 1,
+        queue.error_column: sa.case((gives_up, f"{LOST_ATTEMPTS_ERROR}; {error}"), else_=error),
+    }
+
+
 def recover_expired(conn: sa.Connection, queue: LeaseQueue, limit: int = 1000) -> Recovery:
-    """Return RUNNING rows whose lease ran out to the queue, or FAIL them at max_attempts.
+    """Return RUNNING rows whose lease ran out to the queue (the attempt lost, not spent), or FAIL
+    them at ``MAX_LOST_ATTEMPTS``.
 
     Safe to run from every replica at once: each row is updated by whichever statement locks
     it first, and the other re-checks ``status``/``lease_expires_at`` and skips it.
     """
     t = queue.table
     now = now_expr(conn)
-    exhausted = t.c.attempts >= t.c.max_attempts
+    _, values = _lost_values(conn, queue, LEASE_EXPIRED_ERROR)
     expired = (
         sa.select(t.c.id)
         .where(t.c.status == RUNNING, t.c.lease_expires_at < now)
@@ -379,18 +410,7 @@ def recover_expired(conn: sa.Connection, queue: LeaseQueue, limit: int = 1000) -
     stmt = (
         sa.update(t)
         .where(*where)
-        .values(
-            {
-                "status": sa.case((exhausted, FAILED), else_=queue.ready_status),
-                "finished_at": sa.case((exhausted, now), else_=None),
-                queue.error_column: sa.case(
-                    (exhausted, f"gave up after the last attempt; {LEASE_EXPIRED_ERROR}"), else_=LEASE_EXPIRED_ERROR
-                ),
-                "lease_owner": None,
-                "lease_expires_at": None,
-                "updated_at": now,
-            }
-        )
+        .values({**values, "lease_owner": None, "lease_expires_at": None, "updated_at": now})
         .returning(t.c.id, t.c.status, t.c.run_id, *([old_owner] if old_owner is not None else []))
     )
     rows = conn.execute(stmt).all()

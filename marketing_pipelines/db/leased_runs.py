@@ -303,9 +303,10 @@ def reconcile_run(
 
     Each row is fenced on its own by the run's lease owner (or the sensor's claim, when the run died
     before taking it over) and by run id: rows the run already finished, or that another attempt owns
-    by now, are left alone. ``outcome`` CANCELLED ends a row CANCELLED; anything else retries it
-    (or fails it after its last attempt). ``on_status`` gets each changed row's id, its attempt (read
-    from the row, so no run tag has to carry it) and new status. ``never_started``: the run failed
+    by now, are left alone. ``outcome`` CANCELLED ends a row CANCELLED; anything else puts it back in
+    the queue, the attempt lost rather than spent (or fails it at ``MAX_LOST_ATTEMPTS``).
+    ``on_status`` gets each changed row's id, its attempt (read from the row, so no run tag has to
+    carry it) and new status. ``never_started``: the run failed
     before its worker started (``run_never_started``). Returns how many rows got which status.
     """
     claimed_by = run.tags.get(TAG_CLAIMED_BY, "")
@@ -323,10 +324,11 @@ def reconcile_run(
                     # start timeout after its machine went away), so nothing was tried and nothing needs
                     # backing off: the row is due again at once. A worker that started and failed before
                     # taking the row over (a schema it refuses, a resource that cannot start) backs off like
-                    # any failed attempt. The claim still counts as an attempt either way, so a launch that
-                    # always fails ends the row FAILED instead of cycling.
+                    # any failed attempt. Either way the attempt is lost, not spent: a launch that always
+                    # fails ends the row FAILED after MAX_LOST_ATTEMPTS instead of cycling.
                     why, delay = f"{reason} (before it took this {queue.row_noun.lower()} over; due again at once)", 0.0
-                status = retry_or_fail(conn, queue, row_id, [owner], why, delay, run_id=run.run_id)
+                # The run ended without recording this row: whatever stopped it, the attempt was lost.
+                status = retry_or_fail(conn, queue, row_id, [owner], why, delay, run_id=run.run_id, lost=True)
             if status is not None:
                 if on_status is not None:
                     on_status(conn, row_id, attempt, status)

@@ -23,7 +23,7 @@ from marketing_pipelines.agents.providers.types import ModelProvider
 from marketing_pipelines.agents.queue import AGENT_RUNS, cancel_agent_run, get_agent_run, request_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
-from marketing_pipelines.db.lease import recover_expired
+from marketing_pipelines.db.lease import LOST_ATTEMPTS_ERROR, MAX_LOST_ATTEMPTS, recover_expired
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run
 from marketing_pipelines_tests.factories import add_campaign
@@ -239,10 +239,13 @@ def _wait_for_lost_lease(instance: dg.DagsterInstance, timeout_s: float = 60.0) 
 
 
 def _expire_and_recover(engine: sa.Engine, run_id: int) -> None:
-    # The lease ran out (a stalled worker) and a sensor's recovery gave up after the last attempt.
+    # The lease ran out (a stalled worker) once too often: a sensor's recovery gave up on the row.
     with engine.begin() as conn:
         past = datetime.now(UTC) - timedelta(minutes=1)
-        conn.execute(sa.update(agent_run).where(agent_run.c.id == run_id).values(lease_expires_at=past))
+        lost = MAX_LOST_ATTEMPTS - 1
+        conn.execute(
+            sa.update(agent_run).where(agent_run.c.id == run_id).values(lease_expires_at=past, lost_attempts=lost)
+        )
         assert recover_expired(conn, AGENT_RUNS).failed == (run_id,)
 
 
@@ -254,7 +257,7 @@ def _cancel(engine: sa.Engine, run_id: int) -> None:
 @pytest.mark.parametrize(
     ("take_row", "status", "success"),
     [
-        # Its lease expired and recovery failed it at its last attempt: the Dagster run fails too.
+        # Its lease expired once too often and recovery failed it: the Dagster run fails too.
         (_expire_and_recover, "FAILED", False),
         # An operator cancelled it: this run recorded nothing and stays green, saying why.
         (_cancel, "CANCELLED", True),
@@ -284,7 +287,7 @@ def test_a_run_that_loses_its_lease_fails_when_its_agent_run_ended_failed(
         assert any(said in (entry.user_message or "") for entry in instance.all_logs(result.run_id))
     else:
         description, metadata = _failure(result)
-        assert said in description and "gave up after the last attempt" in description
+        assert said in description and LOST_ATTEMPTS_ERROR in description
         assert metadata["transcript"].startswith("Attempt 1: 1 model turn(s)")
 
 

@@ -70,21 +70,47 @@ def test_stale_owner_cannot_renew_finish_or_fail(engine: sa.Engine) -> None:
     assert _row(engine, row_id)["status"] == "SUCCEEDED"
 
 
-def test_expired_lease_requeues_then_fails_at_max_attempts(engine: sa.Engine) -> None:
+def _expire_one(engine: sa.Engine, owner: str) -> lease.Recovery:
+    assert _claim(engine, owner, 1, lease_s=0.1) == [1]
+    time.sleep(0.3)
+    with engine.begin() as conn:
+        return lease.recover_expired(conn, EXECUTIONS)
+
+
+def test_an_expired_lease_loses_the_attempt_without_spending_it_until_max_lost_attempts(engine: sa.Engine) -> None:
     add_campaign(engine)
     bulk_due_executions(engine, 1, max_attempts=2)
-    for attempt in (1, 2):
-        assert _claim(engine, f"w{attempt}", 1, lease_s=0.1) == [1]
-        assert _row(engine, 1)["attempts"] == attempt
-        time.sleep(0.3)
-        with engine.begin() as conn:
-            recovery = lease.recover_expired(conn, EXECUTIONS)
-        # A live lease is untouched, an expired one is requeued below max_attempts, then FAILED.
-        assert recovery == (lease.Recovery((1,), ()) if attempt == 1 else lease.Recovery((), (1,)))
+    # Expired leases past max_attempts: each attempt was lost (a killed worker, a database restart),
+    # not spent, so the row goes back to the queue with its last attempt moved out by one.
+    for attempt in range(1, lease.MAX_LOST_ATTEMPTS):
+        assert _expire_one(engine, f"w{attempt}") == lease.Recovery((1,), ())
+        row = _row(engine, 1)
+        assert (row["status"], row["attempts"], row["lost_attempts"]) == ("SCHEDULED", attempt, attempt)
+        assert row["max_attempts"] == 2 + attempt and row["last_error"] == lease.LEASE_EXPIRED_ERROR
+    # One that kills every worker it reaches still ends: FAILED at MAX_LOST_ATTEMPTS, saying so.
+    assert _expire_one(engine, "last") == lease.Recovery((), (1,))
     row = _row(engine, 1)
-    assert row["status"] == "FAILED"
-    assert "lease expired" in row["last_error"] and "gave up" in row["last_error"]
+    assert (row["status"], row["attempts"], row["lost_attempts"]) == ("FAILED", lease.MAX_LOST_ATTEMPTS, 5)
+    assert row["last_error"] == f"{lease.LOST_ATTEMPTS_ERROR}; {lease.LEASE_EXPIRED_ERROR}"
     assert row["finished_at"] is not None and row["lease_owner"] is None
+
+
+def test_a_lost_attempt_leaves_the_whole_budget_to_failures_of_the_work(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 1, max_attempts=2)
+    # Lost twice (a lease expiry, then a run that failed before recording the row), then two
+    # answers of 500: the second 500 is the last attempt of the two the row was given.
+    assert _expire_one(engine, "expired") == lease.Recovery((1,), ())
+    _claim(engine, "run-failed", 1)
+    with engine.begin() as conn:
+        assert lease.retry_or_fail(conn, EXECUTIONS, 1, "run-failed", "run failed", 0, lost=True) == "SCHEDULED"
+    for owner, status in (("w1", "SCHEDULED"), ("w2", "FAILED")):
+        _claim(engine, owner, 1)
+        with engine.begin() as conn:
+            assert lease.retry_or_fail(conn, EXECUTIONS, 1, owner, "HTTP 500", retry_delay_s=0) == status
+    row = _row(engine, 1)
+    assert (row["attempts"], row["lost_attempts"], row["max_attempts"]) == (4, 2, 4)
+    assert row["last_error"] == "HTTP 500"
 
 
 def test_live_lease_is_not_recovered(engine: sa.Engine) -> None:

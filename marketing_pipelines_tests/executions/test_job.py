@@ -301,8 +301,8 @@ def test_claims_of_a_run_whose_worker_never_started_are_due_again_at_once(
 ) -> None:
     # A launch that could not be delivered, or a run left STARTING when its code server's machine went
     # away: Dagster fails the run before any worker started. Nothing was tried, so nothing backs off; a dead
-    # replica costs a sensor tick, not a backoff (or, before this, a lease).
-    ids = _schedule(engine, hook.url, n=2)
+    # replica costs a sensor tick, not a backoff (or, before this, a lease), nor one of the row's attempts.
+    ids = _schedule(engine, hook.url, max_attempts=1, n=2)
     [request] = _tick(db_url, instance)
     run = _run_of(instance, request)
     instance.report_run_failed(run, "Run timed out due to taking longer than 60 seconds to start.")
@@ -321,11 +321,15 @@ def test_claims_of_a_run_whose_worker_never_started_are_due_again_at_once(
     assert [r["status"] for r in rows] == ["SCHEDULED", "SCHEDULED"]
     assert all(r["due_at"] <= datetime.now(UTC) for r in rows)
     assert all("before it took this execution over; due again at once" in r["last_error"] for r in rows)
-    # The claim still counted as an attempt, so a launch that always fails cannot cycle forever.
-    assert [r["attempts"] for r in rows] == [1, 1]
-    # ... and the next tick claims them again.
+    # The attempt was lost, not spent: each row's only attempt (max_attempts 1) is still to come, its last
+    # attempt moved out by one. MAX_LOST_ATTEMPTS keeps a launch that always fails from cycling for ever.
+    assert [(r["attempts"], r["lost_attempts"], r["max_attempts"]) for r in rows] == [(1, 1, 2)] * 2
+    # ... and the next tick claims them again, and that run delivers each once.
     [again] = _tick(db_url, instance)
     assert sorted(executions_of_run(again.run_config)) == sorted(ids)
+    assert perform(again, db_url, instance).success
+    assert [_row(engine, i)["status"] for i in ids] == ["SUCCEEDED", "SUCCEEDED"]
+    assert len(hook.received) == 2
 
 
 def test_canceled_run_cancels_the_executions_it_held(

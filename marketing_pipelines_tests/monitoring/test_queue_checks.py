@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -184,7 +185,9 @@ def test_sensor_logs_only_when_a_check_starts_failing(db_url: str, engine: sa.En
     handler = Records()
     context.log.addHandler(handler)
     first = queue_health_sensor(context)
-    assert [(r.levelname, "executions due_lag 3600 s (ERROR" in r.getMessage()) for r in handler.records] == (
+    # 3600 s, or a second more when the tick reads the clock after a second boundary (a loaded CI machine).
+    lagging = re.compile(r"executions due_lag 360[01] s \(ERROR")
+    assert [(r.levelname, bool(lagging.search(r.getMessage()))) for r in handler.records] == (
         [("WARNING", True)] if failing else []
     )
     # The next tick, the same checks still failing: nothing more in the daemon's log (the UI has each tick).
