@@ -517,6 +517,13 @@ def main() -> None:
         default=0,
         help="also measure an agent run requested while a slot is free, this many times in sequence (0: off)",
     )
+    parser.add_argument(
+        "--peer",
+        choices=["procrastinate"],
+        default=None,
+        help="also drain the same number of no-op jobs with this PostgreSQL job queue on the same server, worker "
+        "concurrency 1 and 4, the better counted (needs the [bench] extra)",
+    )
     parser.add_argument("--poll", type=float, default=0.5, help="seconds between polls of the application database")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the daemon logs here (default: a temp dir)")
     args = parser.parse_args()
@@ -535,6 +542,7 @@ def main() -> None:
     failures: list[str] = []
     phase_rows: list[tuple[Any, ...]] = []
     log_notes: list[tuple[str, list[str]]] = []
+    peer_rows: list[tuple[Any, ...]] = []
     try:
         if args.executions:
             shapes = {
@@ -574,6 +582,8 @@ def main() -> None:
                 ("single", boot_s, measure_s, 0.0, time.monotonic() - teardown_began, time.monotonic() - began)
             )
             log_notes.append(("single", log_findings(log_dir / "daemon-single.log")))
+        if args.peer and args.executions:
+            peer_rows = _peer_rows(args, results)
         completed = True
     finally:
         # Keep the daemon logs when asked, or when something went wrong and they tell why.
@@ -656,6 +666,12 @@ def main() -> None:
         )
         for note in notes:
             print(f"  [agent] {note}")
+    if peer_rows:
+        print_table(
+            f"against {args.peer}: {args.executions} due at once, seconds from due to done",
+            ["executions", "this project (batched)", f"{args.peer} c=1", f"{args.peer} c=4", "project / best peer"],
+            peer_rows,
+        )
     if phase_rows:
         print_table(
             "wall time of each part (s)",
@@ -670,6 +686,19 @@ def main() -> None:
                 print(f"  [{shape}] {line}")
     if failures:
         sys.exit(f"\nshape(s) failed: {', '.join(failures)} (tracebacks above)")
+
+
+def _peer_rows(args: argparse.Namespace, results: Sequence[Result]) -> list[tuple[Any, ...]]:
+    """The peer's drain time for the same count, measured now, next to the batched shape's."""
+    from _procrastinate_peer import drain_seconds
+
+    ours = next((r for r in results if r.shape == "batched"), None)
+    peer = {c: drain_seconds(args.executions, c) for c in (1, 4)}
+    for c, seconds in peer.items():
+        print(f"[{args.peer}] concurrency {c}: {args.executions} jobs in {seconds:.1f} s", flush=True)
+    best = min(peer.values())
+    ratio = ours.total_s / best if ours is not None and not ours.timed_out else float("nan")
+    return [(args.executions, ours.total_s if ours else "-", peer[1], peer[4], ratio)]
 
 
 @contextlib.contextmanager

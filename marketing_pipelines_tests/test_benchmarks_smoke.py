@@ -25,6 +25,9 @@ TINY = {
     # A daemon, a webserver and the backfill daemon's 30 s iterations: about two minutes even this small.
     "backfill.py": ["--events", "2000", "--days", "3", "--per-day-sample", "0", "--timeout", "240"],
     "pool_overshoot_sqlite.py": ["--trials", "1", "--runs", "2", "--limit", "1", "--model-delay", "0.2"],
+    "agent_drain.py": ["--runs", "4", "--limits", "2", "--timeout", "240"],
+    "per_execution.py": ["--executions", "20", "--repeat", "1"],
+    "pool_claim_race.py": ["--rounds", "3", "--processes", "3"],
 }
 
 

@@ -17,6 +17,7 @@ class Received:
     headers: dict[str, str]
     body: Any
     raw: bytes = b""  # the exact bytes received, which a signature covers
+    peer: tuple[str, int] = ("", 0)  # the client's address and port: one per TCP connection
 
 
 @dataclass
@@ -37,22 +38,28 @@ class Recorder:
 
 
 @contextmanager
-def webhook_server(status: int = 200) -> Iterator[Recorder]:
+def webhook_server(status: int = 200, keep_alive: bool = False) -> Iterator[Recorder]:
+    """``keep_alive``: answer as HTTP/1.1, so a client may send several requests over one connection."""
     recorder = Recorder(status=status)
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
         def do_POST(self) -> None:
             length = int(self.headers.get("content-length", "0"))
             raw = self.rfile.read(length)
-            item = Received(self.path, {k.lower(): v for k, v in self.headers.items()}, json.loads(raw or b"null"), raw)
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            item = Received(self.path, headers, json.loads(raw or b"null"), raw, self.client_address[:2])
             recorder.received.append(item)
             if recorder.on_request:
                 recorder.on_request(item)
             status = recorder.status_for(item) if recorder.status_for else recorder.status
+            answer = recorder.body if recorder.body is not None else json.dumps({"ok": status < 300}).encode()
             self.send_response(status)
             self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(answer)))
             self.end_headers()
-            self.wfile.write(recorder.body if recorder.body is not None else json.dumps({"ok": status < 300}).encode())
+            self.wfile.write(answer)
 
         def log_message(self, *args: Any) -> None:
             pass

@@ -5,7 +5,7 @@
 """
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import dagster as dg
 import sqlalchemy as sa
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from marketing_pipelines.agents.jobs import OP_NAME, POOL, agent_run_job
 from marketing_pipelines.agents.queue import AGENT_RUNS, running_count
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.db.lease import CANCELLED, new_claim_owner
+from marketing_pipelines.db.lease import CANCELLED, new_claim_owner, renew_many
 from marketing_pipelines.db.leased_runs import (
     RECONCILE_INTERVAL_SECONDS,
     TAG_CAMPAIGN_ID,
@@ -29,6 +29,9 @@ TAG_AGENT_RUN_ID = "marketing/agent_run_id"
 TAG_REQUESTED_BY = "marketing/requested_by"
 TAG_AGENT = "marketing/agent"
 TAG_ATTEMPT = "marketing/attempt"
+# Claimed agent runs per unit of pool limit: the pool's own, plus as many waiting in Dagster's run queue
+# to start the moment one ends (docs/PERFORMANCE.md, "Agent pool kept busy").
+BACKLOG_FACTOR = 2
 
 
 def ensure_pool_limit(instance: dg.DagsterInstance, limit: int) -> bool:
@@ -71,18 +74,30 @@ def claim_agent_run_requests(
     grace_seconds: int,
     instance: Callable[[], dg.DagsterInstance | None] | None = None,
 ) -> tuple[list[dg.RunRequest], str]:
-    """Recover expired agent-run leases and claim what the pool can start now.
+    """Recover expired agent-run leases and claim what the pool can start now, and as many again.
 
-    Claims at most ``pool_limit - RUNNING`` rows: the rest stay QUEUED in the database, where
-    they survive restarts and hold no lease, instead of waiting inside Dagster with a lease
-    ticking. The pool remains the hard limit if two replicas race to the same free slots.
+    Claims at most ``BACKLOG_FACTOR x pool_limit - RUNNING`` rows. The pool's runs in progress are at
+    most ``pool_limit`` (Dagster's run queue holds the rest, pools at granularity run); the others
+    wait QUEUED in Dagster's run queue, so a run that ends is followed within the queue's next pass
+    (1 s) instead of the next tick of this sensor. Anything beyond stays QUEUED in the database,
+    where it survives restarts and holds no lease. Each claimed row's lease covers the run ahead of
+    it in the queue: the grace plus its own time limit.
     """
+
+    def lease_for_queue_wait(conn: sa.Connection, rows: Sequence[sa.RowMapping]) -> None:
+        by_limit: dict[int, list[int]] = {}
+        for row in rows:
+            by_limit.setdefault(row["max_run_seconds"], []).append(row["id"])
+        for max_run_seconds, ids in by_limit.items():
+            renew_many(conn, AGENT_RUNS, ids, claimed_by, grace_seconds + max_run_seconds)
+
     claim = claim_requests(
         engine,
         AGENT_RUNS,
         claimed_by,
-        room=lambda conn: min(batch_size, pool_limit - running_count(conn)),
+        room=lambda conn: min(batch_size, BACKLOG_FACTOR * pool_limit - running_count(conn)),
         lease_seconds=grace_seconds,
+        after_claim=lease_for_queue_wait,
         to_requests=lambda rows: [agent_run_request(row, claimed_by, grace_seconds) for row in rows],
         instance=instance,
         rows_of_run=agent_run_of,
@@ -133,7 +148,8 @@ def _pool_limit(context: dg.SensorEvaluationContext, setting: int) -> int:
     description=(
         "Applies MARKETING_MAX_CONCURRENT_AGENT_RUNS to the agent_runs pool when it changes (a UI edit stands "
         "until then), recovers expired agent-run leases and claims as many queued agent "
-        "runs as the pool has free slots (FOR UPDATE SKIP LOCKED on PostgreSQL), one run each. Safe to evaluate "
+        "runs as the pool has room for and as many again, to wait in the run queue (FOR UPDATE SKIP LOCKED on "
+        "PostgreSQL), one run each. Safe to evaluate "
         "on many replicas at once."
     ),
 )

@@ -284,6 +284,38 @@ def finish(
     return conn.execute(stmt).rowcount == 1
 
 
+def finish_many(
+    conn: sa.Connection,
+    queue: LeaseQueue,
+    row_ids: Sequence[int],
+    owner: str,
+    status: str,
+    values: Mapping[str, Any] | None = None,
+) -> set[int]:
+    """``finish`` for many rows in one statement; the ids it recorded.
+
+    Each row is still fenced on its own (RUNNING under ``owner``): a row whose lease was lost is
+    simply not matched, and costs no other row its outcome.
+    """
+    if not row_ids:
+        return set()
+    t = queue.table
+    stmt = (
+        sa.update(t)
+        .where(t.c.id.in_(list(row_ids)), t.c.status == RUNNING, t.c.lease_owner == owner)
+        .values(
+            status=status,
+            lease_owner=None,
+            lease_expires_at=None,
+            finished_at=now_expr(conn),
+            updated_at=now_expr(conn),
+            **dict(values or {}),
+        )
+        .returning(t.c.id)
+    )
+    return set(conn.execute(stmt).scalars())
+
+
 def retry_or_fail(
     conn: sa.Connection,
     queue: LeaseQueue,

@@ -94,6 +94,7 @@ def claim_requests(
     instance: Callable[[], dg.DagsterInstance | None] | None = None,
     rows_of_run: Callable[[dg.DagsterRun], Sequence[int]] | None = None,
     pool: str | None = None,
+    after_claim: Callable[[sa.Connection, Sequence[sa.RowMapping]], None] | None = None,
 ) -> Claim:
     """Recover expired leases, then claim up to ``room`` ready rows and turn them into run requests.
 
@@ -104,7 +105,8 @@ def claim_requests(
     later (``end_unlaunched_claims``), and the runs whose leases expired are marked failed
     (``fail_abandoned_runs``): those that had taken rows over, and with ``rows_of_run`` (the rows a run
     was launched for) those that died before taking theirs over (``started_runs_of_claims``; ``pool``
-    names the concurrency pool whose waiting runs are alive).
+    names the concurrency pool whose waiting runs are alive). ``after_claim`` runs in the claim's
+    transaction with the claimed rows (the agent queue sets each row's lease from its own time limit).
     """
     unlaunched = end_unlaunched_claims(engine, queue, instance) if instance is not None else ()
     with engine.begin() as conn:
@@ -120,6 +122,8 @@ def claim_requests(
     with engine.begin() as conn:
         limit = room(conn) if callable(room) else room
         rows = claim_batch(conn, queue, claimed_by, limit, lease_seconds) if limit > 0 else []
+        if rows and after_claim is not None:
+            after_claim(conn, rows)
     return Claim(to_requests(rows), len(rows), max(limit, 0), recovery, abandoned, unlaunched)
 
 

@@ -94,6 +94,7 @@ class ActionContext:
 
 class Action(Protocol):
     name: str
+    waits: bool  # spends its time waiting (network): performed concurrently in worker threads
 
     def validate(self, payload: Mapping[str, Any], egress: EgressPolicy) -> None: ...
 
@@ -101,13 +102,15 @@ class Action(Protocol):
 
 
 class LogAction:
-    """Records the payload in the run's log; the demo's action.
+    """Records the payload in the run's output; the demo's action.
 
-    The run writes the returned message into the execution's own log line ("Execution N ...
-    SUCCEEDED: message=..."): one log event per execution, not two, at hundreds per run.
+    The run writes the returned message into the execution's own line of its captured stdout
+    ("Execution N ... SUCCEEDED: message=...") and into its outcome table: no event-log write per
+    execution, at hundreds per run.
     """
 
     name = "log"
+    waits = False  # pure computation: the run performs it in its own thread, no worker needed
 
     def validate(self, payload: Mapping[str, Any], egress: EgressPolicy) -> None:
         message = payload.get("message")
@@ -130,6 +133,7 @@ class WebhookAction:
     """
 
     name = "webhook"
+    waits = True  # on the network: the run performs many at once in worker threads
 
     def validate(self, payload: Mapping[str, Any], egress: EgressPolicy) -> None:
         unknown = sorted(set(payload) - {"url", "endpoint", "body", "headers"})

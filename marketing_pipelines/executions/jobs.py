@@ -3,29 +3,32 @@
 A Dagster run costs seconds of process start-up while a ``log`` or ``webhook`` action costs
 milliseconds, so one run performs up to ``MARKETING_EXECUTIONS_PER_RUN`` executions. Each one
 keeps everything it had as a run of its own: its take-over, its lease (renewed together with the
-others' in one fenced statement), its attempt, and an outcome recorded in its own transaction.
+others' in one fenced statement), its attempt, and its outcome, fenced by its own owner and status
+and committed with the other outcomes finished at the same moment (group commit).
 One failing execution is recorded as that execution's failure and costs the others nothing; a
 run killed mid-batch leaves what it finished finished, and the rest to reconciliation or lease
 expiry.
 """
 
+import sys
 import time
 import traceback
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
 
-from marketing_pipelines.db.lease import LeaseKeeper, describe, finish, retry_or_fail
+from marketing_pipelines.db.lease import LeaseKeeper, describe, finish, finish_many, retry_or_fail
 from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.actions import (
     ActionContext,
     ActionFailed,
     ActionRefused,
+    InvalidPayload,
     get_action,
 )
 from marketing_pipelines.executions.endpoints import Endpoint, endpoint_names, open_endpoints
@@ -33,16 +36,19 @@ from marketing_pipelines.executions.queue import (
     EXECUTIONS,
     attempt_outcome,
     end_attempt,
+    end_attempts,
     get_execution,
     start_attempts,
 )
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.webhook import WebhookClient
-from marketing_pipelines.redact import hide_values, redact_text, secret_parts, shown_text
+from marketing_pipelines.redact import hide_values, redact_text, secret_parts, shown_text, visible_controls
 
 OP_NAME = "perform_executions"
-# A run's outcome table shows at most this many rows; the run log has a line for every execution.
+# A run's outcome table shows at most this many rows; its stdout has a line for every success.
 OUTCOME_TABLE_ROWS = 1000
+# Executions of a computing action (log) performed and recorded together, in the run's own thread.
+INLINE_CHUNK = 100
 
 
 class ExecutionBatchConfig(dg.Config):
@@ -60,106 +66,186 @@ class ExecutionOutcome:
     action: str
     attempt: int
     outcome: str  # SUCCEEDED, RESCHEDULED, FAILED, LEASE_LOST or SKIPPED
-    detail: str
+    detail: str  # as it may be shown (made by _redacted, or our own state text), even quoting a receiver
     seconds: float
 
 
-def _record(
-    engine: sa.Engine,
-    row: Mapping[str, Any],
-    owner: str,
-    error: str | None,
-    settings: ExecutionSettings,
-    final: bool,
-) -> tuple[str | None, str]:
-    """Record one attempt's outcome in its own transaction; returns (new status or None, state).
+@dataclass(frozen=True)
+class _Attempted:
+    """One execution's action done (or failed), its outcome not yet recorded."""
 
-    ``final``: the action was refused (e.g. its destination is not allowed): FAILED, no retry.
-    """
-    execution_id, attempt = row["id"], row["attempts"]
-    with engine.begin() as conn:
-        if error is None:
-            recorded = finish(conn, EXECUTIONS, execution_id, owner, "SUCCEEDED", {"last_error": None})
-            status: str | None = "SUCCEEDED" if recorded else None
-        elif final:
-            recorded = finish(conn, EXECUTIONS, execution_id, owner, "FAILED", {"last_error": error})
-            status = "FAILED" if recorded else None
-        else:
-            delay = settings.retry_delay_seconds(attempt)
-            status = retry_or_fail(conn, EXECUTIONS, execution_id, owner, error, delay)
-        if status is None:
-            return None, describe(conn, EXECUTIONS, execution_id)
-        end_attempt(conn, execution_id, attempt, attempt_outcome(status), error)
-        if status == EXECUTIONS.ready_status:
-            current = get_execution(conn, execution_id)
-            return status, f"rescheduled for {current['due_at'].isoformat() if current else '?'}"
-    return status, ""
+    row: Mapping[str, Any]
+    error: str | None
+    refused: bool  # the action was refused (e.g. its destination is not allowed): FAILED, no retry
+    result: Mapping[str, Any]
+    began: float
+    lost: bool  # the lease keeper saw another attempt take the row while the action ran
+
+    @property
+    def label(self) -> str:
+        return _label(self.row)
 
 
-def _perform_one(
+def _label(r: Mapping[str, Any]) -> str:
+    return f"Execution {r['id']} ({r['campaign_id']}/{r['stage']}, {r['action']}, attempt {r['attempts']})"
+
+
+def _attempt(
     context: dg.OpExecutionContext,
-    engine: sa.Engine,
     row: Mapping[str, Any],
-    owner: str,
     keeper: LeaseKeeper,
     webhook: WebhookClient,
-    settings: ExecutionSettings,
     endpoints: Mapping[str, Endpoint | str],
-) -> ExecutionOutcome:
-    execution_id, attempt = row["id"], row["attempts"]
+) -> _Attempted:
+    """Run one execution's action (in a worker thread, or the op's own for a computing one); the op records it."""
     began = time.monotonic()
-    label = f"Execution {execution_id} ({row['campaign_id']}/{row['stage']}, {row['action']}, attempt {attempt})"
     error: str | None = None
     refused = False
-    result: dict[str, Any] = {}
+    result: Mapping[str, Any] = {}
     try:
         action = get_action(row["action"])
-        action_ctx = ActionContext(execution_id, attempt, row["campaign_id"], row["stage"], context.log, endpoints)
-        result = action.run(action_ctx, row["payload"], webhook)
+        ctx = ActionContext(row["id"], row["attempts"], row["campaign_id"], row["stage"], context.log, endpoints)
+        result = action.run(ctx, row["payload"], webhook)
     except ActionFailed as exc:
         error, refused = _redacted(str(exc), row["payload"]), isinstance(exc, ActionRefused)
     except Exception as exc:  # a bug in one action must cost only its own execution
         context.log.error(
-            f"{label}: unexpected error\n{_redacted(''.join(traceback.format_exception(exc)), row['payload'])}"
+            f"{_label(row)}: unexpected error\n{_redacted(''.join(traceback.format_exception(exc)), row['payload'])}"
         )
         error = _redacted(f"internal error: {type(exc).__name__}: {exc}", row["payload"])
     # Stop renewing first: a renewal racing the outcome's commit would see the row finished and
     # report a lost lease that was not lost. The outcome's own WHERE still fences it.
-    lost = keeper.is_lost(execution_id)
-    keeper.release(execution_id)
-    if lost:
-        status, state = None, "lost its lease while the action ran"
+    lost = keeper.is_lost(row["id"])
+    keeper.release(row["id"])
+    return _Attempted(row, error, refused, result, began, lost)
+
+
+def _record_failure(
+    conn: sa.Connection, done: _Attempted, owner: str, settings: ExecutionSettings
+) -> tuple[str | None, str]:
+    """Record one failed attempt (FAILED when refused, else retried or FAILED at max_attempts)."""
+    execution_id, attempt, error = done.row["id"], done.row["attempts"], done.error or ""
+    if done.refused:
+        status: str | None = (
+            "FAILED" if finish(conn, EXECUTIONS, execution_id, owner, "FAILED", {"last_error": error}) else None
+        )
     else:
-        status, state = _record(engine, row, owner, error, settings, final=refused)
-    seconds = time.monotonic() - began
+        status = retry_or_fail(conn, EXECUTIONS, execution_id, owner, error, settings.retry_delay_seconds(attempt))
+    if status is None:
+        return None, describe(conn, EXECUTIONS, execution_id)
+    end_attempt(conn, execution_id, attempt, attempt_outcome(status), error)
+    if status == EXECUTIONS.ready_status:
+        current = get_execution(conn, execution_id)
+        return status, f"rescheduled for {current['due_at'].isoformat() if current else '?'}"
+    return status, ""
+
+
+def _record_in(
+    conn: sa.Connection, batch: Sequence[_Attempted], owner: str, settings: ExecutionSettings
+) -> list[tuple[str | None, str]]:
+    """Record a batch of attempts in one transaction: the successes in two statements, each row fenced."""
+    succeeded = [d for d in batch if not d.lost and d.error is None]
+    recorded = finish_many(conn, EXECUTIONS, [d.row["id"] for d in succeeded], owner, "SUCCEEDED", {"last_error": None})
+    end_attempts(conn, [(d.row["id"], d.row["attempts"]) for d in succeeded if d.row["id"] in recorded], "SUCCEEDED")
+    results: list[tuple[str | None, str]] = []
+    for done in batch:
+        if done.lost:
+            results.append((None, "lost its lease while the action ran"))
+        elif done.error is not None:
+            results.append(_record_failure(conn, done, owner, settings))
+        elif done.row["id"] in recorded:
+            results.append(("SUCCEEDED", ""))
+        else:
+            results.append((None, describe(conn, EXECUTIONS, done.row["id"])))
+    return results
+
+
+def _record(
+    engine: sa.Engine, batch: Sequence[_Attempted], owner: str, settings: ExecutionSettings
+) -> list[tuple[str | None, str]]:
+    """Record the outcomes of the attempts that finished since the last call: (new status or None, state) each.
+
+    One transaction for the batch (group commit: while one commits, the next batch gathers), so a
+    thousand log executions cost a handful of commits instead of a thousand. All or nothing: a run
+    killed while it commits leaves each execution of the batch with its outcome and its attempt's,
+    or with neither (RUNNING under the run, for reconciliation or lease expiry to retry). What a
+    receiver quoted is made storable first (``_redacted``), so no row's text can fail the batch.
+    """
+    with engine.begin() as conn:
+        return _record_in(conn, batch, owner, settings)
+
+
+def _report(context: dg.OpExecutionContext, done: _Attempted, status: str | None, state: str) -> ExecutionOutcome:
+    """The outcome of one recorded attempt; everything but a success is logged to the run's event log."""
+    row, error = done.row, done.error
+    seconds = time.monotonic() - done.began
 
     def outcome(kind: str, detail: str) -> ExecutionOutcome:
         return ExecutionOutcome(
-            execution_id, row["campaign_id"], row["stage"], row["action"], attempt, kind, detail, seconds
+            row["id"], row["campaign_id"], row["stage"], row["action"], row["attempts"], kind, detail, seconds
         )
 
     if status is None:
         # Another attempt owns the row now (its lease expired); that attempt records the outcome.
         context.log.warning(
-            f"{label}: this run lost its lease ({state}); its outcome was not recorded. The action may have run; "
-            "the next attempt sends the same Idempotency-Key, so a receiver can drop the repeat."
+            f"{done.label}: this run lost its lease ({state}); its outcome was not recorded. The action may have "
+            "run; the next attempt sends the same Idempotency-Key, so a receiver can drop the repeat."
         )
         return outcome("LEASE_LOST", state)
     if status == "SUCCEEDED":
-        detail = shown_text(_redacted(", ".join(f"{k}={v}" for k, v in result.items()), row["payload"]))
-        context.log.info(f"{label} SUCCEEDED{f': {detail}' if detail else ''}.")
+        detail = _redacted(", ".join(f"{k}={v}" for k, v in done.result.items()), row["payload"])
         return outcome("SUCCEEDED", detail)
     if status == "FAILED":
-        context.log.error(f"{label} FAILED after {attempt} of {row['max_attempts']} attempts: {error}")
+        context.log.error(f"{done.label} FAILED after {row['attempts']} of {row['max_attempts']} attempts: {error}")
         return outcome("FAILED", error or "")
-    context.log.warning(f"{label} failed: {error}; {state}.")
+    context.log.warning(f"{done.label} failed: {error}; {state}.")
     return outcome("RESCHEDULED", f"{error}; {state}")
 
 
+def _recorded(
+    context: dg.OpExecutionContext,
+    engine: sa.Engine,
+    batch: Sequence[_Attempted],
+    owner: str,
+    settings: ExecutionSettings,
+) -> list[ExecutionOutcome]:
+    """Record a batch of attempts, then report each (event log for all but successes, stdout for those)."""
+    reported = [_report(context, d, *r) for d, r in zip(batch, _record(engine, batch, owner, settings), strict=True)]
+    _print_successes(batch, reported)
+    return reported
+
+
+def _waits(action: str) -> bool:
+    """Whether an action waits on the network (an unknown one goes to a worker thread, where it fails alone)."""
+    try:
+        return get_action(action).waits
+    except InvalidPayload:
+        return True
+
+
+def _print_successes(batch: Sequence[_Attempted], outcomes: Sequence[ExecutionOutcome]) -> None:
+    """One line per success to the run's captured stdout (the run page's stdout view), in one write.
+
+    Not the event log: an event per execution was an INSERT and a commit in Dagster's database each,
+    the largest cost of a log execution. Failures, reschedules and lost leases stay in the event log,
+    and the outcome table lists every execution.
+    """
+    lines = [
+        f"{done.label} SUCCEEDED{f': {o.detail}' if o.detail else ''}.\n"
+        for done, o in zip(batch, outcomes, strict=True)
+        if o.outcome == "SUCCEEDED"
+    ]
+    if lines:
+        sys.stdout.write("".join(lines))
+        sys.stdout.flush()
+
+
 def _redacted(text: str, payload: Any) -> str:
-    """An action's message as it is stored and logged: redacted, and without any piece of the payload's URL
-    or headers, which a receiver's answer may quote bare ("no hook /services/T0/B0/<token>")."""
-    return hide_values(redact_text(text), secret_parts(payload))
+    """An action's message as it is stored and logged: redacted, without any piece of the payload's URL
+    or headers, which a receiver's answer may quote bare ("no hook /services/T0/B0/<token>"), and with
+    control characters written visibly: PostgreSQL text cannot hold the NUL a receiver may answer with,
+    and a terminal showing ``executions show`` should not obey an escape sequence."""
+    return visible_controls(hide_values(redact_text(text), secret_parts(payload)))
 
 
 def _outcome_table(outcomes: Sequence[ExecutionOutcome]) -> dg.TableMetadataValue:
@@ -173,7 +259,8 @@ def _outcome_table(outcomes: Sequence[ExecutionOutcome]) -> dg.TableMetadataValu
                     "action": o.action,
                     "attempt": o.attempt,
                     "outcome": o.outcome,
-                    "detail": shown_text(o.detail)[:300],  # may quote a receiver's answer
+                    # Already as shown (_redacted); redacting a thousand details again cost more than the SQL.
+                    "detail": o.detail[:300],
                     "seconds": round(o.seconds, 3),
                 }
             )
@@ -229,6 +316,7 @@ def perform_executions(
     ]
     context.log.info(f"Performing {len(rows)} of {len(ids)} execution(s) as {owner}.")
 
+    performed: list[ExecutionOutcome] = []
     if rows:
         # The registered endpoints the batch names, opened once (one query, one key) for all its sends.
         names = endpoint_names(row["payload"] for row in rows if row["action"] == "webhook")
@@ -240,13 +328,25 @@ def perform_executions(
             LeaseKeeper(
                 engine, EXECUTIONS, sorted(taken), owner, settings.lease_seconds, on_lost=context.log.error
             ) as keeper,
+            webhook.one_loop(),
             ThreadPoolExecutor(max_workers=min(webhook.concurrency, len(rows))) as pool,
         ):
-            futures = [
-                pool.submit(_perform_one, context, engine, row, owner, keeper, webhook, settings, endpoints)
-                for row in rows
-            ]
-            outcomes += [future.result() for future in futures]
+            waiting = [row for row in rows if _waits(row["action"])]
+            pending = {pool.submit(_attempt, context, row, keeper, webhook, endpoints) for row in waiting}
+            # Actions that only compute (log) run here meanwhile, recorded a chunk at a time: a thread
+            # hand-off per execution cost more than the action itself.
+            inline = [row for row in rows if not _waits(row["action"])]
+            for start in range(0, len(inline), INLINE_CHUNK):
+                batch = [
+                    _attempt(context, row, keeper, webhook, endpoints) for row in inline[start : start + INLINE_CHUNK]
+                ]
+                performed += _recorded(context, engine, batch, owner, settings)
+            while pending:
+                # Every attempt finished by now is recorded together; the next batch gathers meanwhile.
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                batch = sorted((f.result() for f in finished), key=lambda d: d.row["id"])
+                performed += _recorded(context, engine, batch, owner, settings)
+        outcomes += sorted(performed, key=lambda o: o.execution_id)
 
     counts = {
         kind: sum(1 for o in outcomes if o.outcome == kind) for kind in dict.fromkeys(o.outcome for o in outcomes)

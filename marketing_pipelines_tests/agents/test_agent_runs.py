@@ -115,18 +115,24 @@ def test_sensor_claims_with_tags_and_runtime_limit(people: sa.Engine, db_url: st
     assert instance.event_log_storage.get_concurrency_info("agent_runs").slot_count == 2
 
 
-def test_sensor_claims_no_more_than_the_pool_can_start(
+def test_sensor_claims_what_the_pool_can_start_and_as_many_again(
     people: sa.Engine, db_url: str, instance: dg.DagsterInstance
 ) -> None:
-    ids = [_request(people) for _ in range(5)]
-    context = _sensor_context(db_url, instance, max_concurrent_agent_runs=2)
+    # Two with a long time limit: each claimed row's lease covers the run ahead of it in Dagster's queue.
+    ids = [_request(people, max_run_seconds=3600 if i < 2 else 60) for i in range(7)]
+    context = _sensor_context(db_url, instance, max_concurrent_agent_runs=2, lease_grace_seconds=100)
     first = queued_agent_runs_sensor(context)
-    assert [r.tags["marketing/agent_run_id"] for r in first.run_requests] == [str(i) for i in ids[:2]]
+    # The pool's 2, and 2 more that wait in Dagster's run queue to start the moment one ends.
+    assert [r.tags["marketing/agent_run_id"] for r in first.run_requests] == [str(i) for i in ids[:4]]
     second = queued_agent_runs_sensor(context)
-    assert isinstance(second, dg.SkipReason)  # both slots are taken until those runs finish
+    assert isinstance(second, dg.SkipReason)  # nothing more until those runs finish
     with people.connect() as conn:
-        queued = conn.execute(sa.select(sa.func.count()).where(agent_run.c.status == "QUEUED")).scalar_one()
-    assert queued == 3
+        rows = conn.execute(
+            sa.select(agent_run.c.status, agent_run.c.lease_expires_at, agent_run.c.updated_at).order_by(agent_run.c.id)
+        ).all()
+    assert [r.status for r in rows] == ["RUNNING"] * 4 + ["QUEUED"] * 3
+    leases = [round((r.lease_expires_at - r.updated_at).total_seconds()) for r in rows[:4]]
+    assert leases == [3700, 3700, 160, 160]
 
 
 def test_run_succeeds_calls_tools_and_writes_as_the_requester(
@@ -295,17 +301,18 @@ def test_anthropic_provider_drives_the_loop_with_tool_use(
 def test_a_pool_limit_edited_in_the_ui_stands_until_the_setting_changes(
     people: sa.Engine, db_url: str, instance: dg.DagsterInstance
 ) -> None:
-    ids = [_request(people) for _ in range(6)]
+    ids = [_request(people) for _ in range(12)]
     context = _sensor_context(db_url, instance, max_concurrent_agent_runs=2)
     storage = instance.event_log_storage
-    assert isinstance(queued_agent_runs_sensor(context), dg.SensorResult)
+    first = queued_agent_runs_sensor(context)
+    assert isinstance(first, dg.SensorResult) and len(first.run_requests) == 4  # 2 x the limit of 2
     assert storage.get_concurrency_info("agent_runs").slot_count == 2  # the setting, applied once
     # An operator raises the limit in the UI (Deployment > Concurrency > Edit limit).
     storage.set_concurrency_slots("agent_runs", 5)
     second = queued_agent_runs_sensor(context)
     assert storage.get_concurrency_info("agent_runs").slot_count == 5  # not set back to 2
-    # ... and the sensor claims by the limit in force: 5 - 2 RUNNING = 3 more.
-    assert [r.tags["marketing/agent_run_id"] for r in second.run_requests] == [str(i) for i in ids[2:5]]
+    # ... and the sensor claims by the limit in force: 2 x 5 - 4 RUNNING = 6 more.
+    assert [r.tags["marketing/agent_run_id"] for r in second.run_requests] == [str(i) for i in ids[4:10]]
     # Changing the setting itself is a new decision: applied at the next tick.
     changed = _sensor_context(db_url, instance, cursor=context.cursor, max_concurrent_agent_runs=3)
     queued_agent_runs_sensor(changed)

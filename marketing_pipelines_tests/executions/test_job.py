@@ -28,7 +28,7 @@ from marketing_pipelines.executions.sensors import (
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
-from marketing_pipelines_tests.webserver import Received, Recorder
+from marketing_pipelines_tests.webserver import Received, Recorder, webhook_server
 
 
 def _schedule(engine: sa.Engine, url: str, max_attempts: int = 3, n: int = 1) -> list[int]:
@@ -517,3 +517,36 @@ def test_unlaunched_and_launched_claims_looked_up_together(
     [again] = _tick(db_url, instance)
     assert executions_of_run(again.run_config) == [second_id]
     assert _row(engine, first_id)["lease_owner"] == launched.tags[TAG_CLAIMED_BY]
+
+
+def test_a_receivers_nul_byte_is_stored_visibly_and_costs_the_others_nothing(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
+) -> None:
+    # PostgreSQL text cannot hold U+0000: quoted bare in last_error, it made the whole record fail.
+    ids = _schedule(engine, hook.url, n=3)
+    hook.status_for = lambda received: 500 if received.path == "/hook/1" else 200
+    hook.body = b"bad\x00byte"
+    [request] = _tick(db_url, instance)
+    result = perform(request, db_url, instance, settings=BACKING_OFF)
+    assert result.success
+    assert outcomes(result) == {i: ("RESCHEDULED" if i == ids[1] else "SUCCEEDED") for i in ids}
+    error = _row(engine, ids[1])["last_error"]
+    assert "\x00" not in error and "bad\\x00byte" in error
+    with engine.connect() as conn:
+        assert [(a["outcome"], a["error"]) for a in list_attempts(conn, ids[1])] == [("RESCHEDULED", error)]
+
+
+def test_a_batchs_webhooks_share_connections_to_one_receiver(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance
+) -> None:
+    # One event loop and connection pool for the run's batch: 40 POSTs to a receiver that keeps
+    # connections open arrive over at most as many connections as are in flight at once (16), where a
+    # new client per webhook opened one connection each.
+    with webhook_server(keep_alive=True) as receiver:
+        ids = _schedule(engine, receiver.url, n=40)
+        [request] = _tick(db_url, instance)
+        result = perform(request, db_url, instance)
+        assert result.success and set(outcomes(result).values()) == {"SUCCEEDED"}
+        assert Counter(_keys(receiver)) == {f"marketing-execution-{i}": 1 for i in ids}
+        connections = {r.peer for r in receiver.received}
+        assert len(connections) <= WebhookClient(timeout_s=5).concurrency < len(ids)
