@@ -12,6 +12,8 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
+from datetime import datetime
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import sqlalchemy as sa
 
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.migrate import upgrade
+from marketing_pipelines.db.schema import marketing_execution
 
 DEFAULT_PG = os.environ.get("MARKETING_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -68,3 +71,42 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
     return str(value)
+
+
+class ReceiverServer(ThreadingHTTPServer):
+    """The benchmarks' webhook receivers: a threaded HTTP server with a real server's listen backlog.
+
+    Python's default backlog is 5: a run sends MARKETING_WEBHOOK_CONCURRENCY (16) requests at once, several
+    runs at a time, and on a busy machine the overflow came back as connections reset (httpx ReadError)
+    that a production receiver (nginx: 511) would never cause: the soak counted them as failed deliveries.
+    """
+
+    request_queue_size = 256
+    daemon_threads = True
+
+
+def insert_due(engine: sa.Engine, n: int, action: str, hook_url: str | None, campaign: str, first: int = 0) -> datetime:
+    """Insert ``n`` executions (``log``, or ``webhook`` to ``hook_url``) due now in one statement; their due time."""
+    # finished_at comes from the database clock (PostgreSQL now()), so due_at does too.
+    with engine.connect() as conn:
+        due = conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
+    rows = [
+        {
+            "campaign_id": campaign,
+            "stage": "launch",
+            "action": action,
+            "payload": (
+                {"url": hook_url, "body": {"execution": i}} if action == "webhook" else {"message": f"bench {i}"}
+            ),
+            "due_at": due,
+            "status": "SCHEDULED",
+            "attempts": 0,
+            "max_attempts": 3,
+            "created_at": due,
+            "updated_at": due,
+        }
+        for i in range(first, first + n)
+    ]
+    with engine.begin() as conn:
+        conn.execute(sa.insert(marketing_execution), rows)
+    return due

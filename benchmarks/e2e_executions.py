@@ -49,14 +49,13 @@ import traceback
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
-from _common import print_table, throwaway_database
+from _common import ReceiverServer, insert_due, print_table, throwaway_database
 from _daemon import (
     INSTANCE_CONFIG,
     Daemon,
@@ -80,37 +79,6 @@ SERIOUS = re.compile(r"ERROR|Traceback|CRITICAL")
 TERMINAL = {dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED}
 
 
-def _db_now(engine: sa.Engine) -> datetime:
-    # finished_at comes from the database clock (PostgreSQL now()), so due_at does too.
-    with engine.connect() as conn:
-        return conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
-
-
-def _insert_due(engine: sa.Engine, n: int, action: str, hook_url: str | None, first: int = 0) -> datetime:
-    """Insert ``n`` executions due now in one statement; returns their due time."""
-    due = _db_now(engine)
-    rows = [
-        {
-            "campaign_id": CAMPAIGN,
-            "stage": "launch",
-            "action": action,
-            "payload": (
-                {"url": hook_url, "body": {"execution": i}} if action == "webhook" else {"message": f"bench {i}"}
-            ),
-            "due_at": due,
-            "status": "SCHEDULED",
-            "attempts": 0,
-            "max_attempts": 3,
-            "created_at": due,
-            "updated_at": due,
-        }
-        for i in range(first, first + n)
-    ]
-    with engine.begin() as conn:
-        conn.execute(sa.insert(marketing_execution), rows)
-    return due
-
-
 def _status_counts(engine: sa.Engine) -> Counter[str]:
     t = marketing_execution
     with engine.connect() as conn:
@@ -132,11 +100,6 @@ class Receiver:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/hook"
-
-
-class _Server(ThreadingHTTPServer):
-    request_queue_size = 256  # a run sends MARKETING_WEBHOOK_CONCURRENCY requests at once
-    daemon_threads = True
 
 
 @contextlib.contextmanager
@@ -171,7 +134,7 @@ def webhook_receiver(delay_s: float) -> Iterator[Receiver]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = _Server(("127.0.0.1", 0), Handler)
+    server = ReceiverServer(("127.0.0.1", 0), Handler)
     receiver.port = server.server_address[1]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -304,7 +267,7 @@ def measure_throughput(
     session: Session, shape: str, per_run: str, args: argparse.Namespace, receiver: Receiver | None
 ) -> Result:
     engine, n = session.engine, args.executions
-    due = _insert_due(engine, n, args.action, receiver.url if receiver else None)
+    due = insert_due(engine, n, args.action, receiver.url if receiver else None, CAMPAIGN)
     measure_began = time.monotonic()
     deadline = measure_began + args.timeout
     timed_out = False
@@ -390,7 +353,7 @@ def measure_single(session: Session, samples: int, timeout: float) -> tuple[list
             # The previous run has ended too (not just its row), then a pause off the sensor's beat.
             _wait_runs_ended(session.instance, session.daemon, DRAIN_TIMEOUT_S)
             time.sleep(random.uniform(0, 5))
-        due = _insert_due(session.engine, 1, "log", None, first=sample)
+        due = insert_due(session.engine, 1, "log", None, CAMPAIGN, first=sample)
         deadline = time.monotonic() + timeout
         while True:
             session.daemon.check_alive()

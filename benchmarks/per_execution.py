@@ -35,14 +35,14 @@ from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import psycopg2
 import sqlalchemy as sa
-from _common import print_table, throwaway_database
+from _common import ReceiverServer, insert_due, print_table, throwaway_database
 from _daemon import dagster_storage_database, environ
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -50,7 +50,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.lease import claim_batch
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
 from marketing_pipelines.executions.queue import EXECUTIONS
 from marketing_pipelines.executions.resources import ExecutionSettings
@@ -94,34 +93,10 @@ class Capture:
         return sum(len(t) for t in self.transactions)
 
 
-def _insert_due(engine: sa.Engine, n: int, action: str, hook_url: str | None) -> None:
-    with engine.connect() as conn:
-        due = conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
-    rows = [
-        {
-            "campaign_id": "spring-launch",
-            "stage": "launch",
-            "action": action,
-            "payload": {"url": hook_url, "body": {"execution": i}}
-            if action == "webhook"
-            else {"message": f"bench {i}"},
-            "due_at": due,
-            "status": "SCHEDULED",
-            "attempts": 0,
-            "max_attempts": 3,
-            "created_at": due,
-            "updated_at": due,
-        }
-        for i in range(n)
-    ]
-    with engine.begin() as conn:
-        conn.execute(sa.insert(marketing_execution), rows)
-
-
 def _prepare(url: str, n: int, action: str, hook_url: str | None) -> None:
     engine = get_engine(url)
     add_campaign(engine)
-    _insert_due(engine, n, action, hook_url)
+    insert_due(engine, n, action, hook_url, "spring-launch")
 
 
 def _claim(url: str, instance: dg.DagsterInstance, settings: ExecutionSettings) -> dg.RunRequest:
@@ -187,7 +162,7 @@ class _Receiver(BaseHTTPRequestHandler):
 
 @contextmanager
 def _receiver() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    server = ReceiverServer(("127.0.0.1", 0), _Receiver)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -20,12 +20,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
-from _common import print_table, throwaway_database
+from _common import ReceiverServer, print_table, throwaway_database
 
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
@@ -64,7 +64,7 @@ def receiver() -> Iterator[tuple[str, list[int]]]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ReceiverServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}/hooks/T0/B0/token", got

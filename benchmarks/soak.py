@@ -65,7 +65,7 @@ from typing import Any
 
 import httpx
 import sqlalchemy as sa
-from _common import print_table, throwaway_database
+from _common import ReceiverServer, print_table, throwaway_database
 from _daemon import Daemon, daemon_env, dagster_bin, dagster_storage_database, log_findings
 from _measurement_events import generate_events
 from backfill import asset_backfill, day_totals, free_port, graphql, launch
@@ -162,8 +162,7 @@ class Receiver:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        server.daemon_threads = True
+        server = ReceiverServer(("127.0.0.1", self.port), Handler)
         self.port = server.server_address[1]
         self.server = server
         threading.Thread(target=server.serve_forever, daemon=True).start()
