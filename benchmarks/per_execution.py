@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import io
 import os
+import pstats
 import statistics
 import sys
 import threading
@@ -171,8 +173,9 @@ def _receiver() -> Iterator[str]:
         server.shutdown()
 
 
-def one_round(n: int, action: str, hook_url: str | None, home: Path) -> tuple[float, float, int]:
-    """(op seconds, floor seconds, statements) for one batch of ``n``."""
+def one_round(n: int, action: str, hook_url: str | None, home: Path, profile: int = 0) -> tuple[float, float, int]:
+    """(op seconds, floor seconds, statements) for one batch of ``n``; ``profile``: print that many of the
+    run's functions by own time (cProfile, the op's threads not included)."""
     settings = ExecutionSettings(executions_per_run=n, batch_size=n)
     with throwaway_database("postgres") as op_url, throwaway_database("postgres") as floor_url:
         _prepare(op_url, n, action, hook_url)
@@ -187,7 +190,8 @@ def one_round(n: int, action: str, hook_url: str | None, home: Path) -> tuple[fl
             capture = Capture()
             capture.attach(engine)
             # The op prints a line per success to the run's stdout (captured by a real run worker).
-            with contextlib.redirect_stdout(io.StringIO()):
+            profiler = cProfile.Profile() if profile else None
+            with contextlib.redirect_stdout(io.StringIO()), profiler or contextlib.nullcontext():
                 result = marketing_execution_job.execute_in_process(
                     run_config=request.run_config,
                     tags=request.tags,
@@ -199,6 +203,8 @@ def one_round(n: int, action: str, hook_url: str | None, home: Path) -> tuple[fl
                     },
                 )
             op_s = _op_seconds(instance, result.run_id)
+        if profiler is not None:
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(profile)
         floor_s = _replay(floor_url, capture.transactions)
         op_rows, floor_rows = _outcomes(op_url), _outcomes(floor_url)
         assert all(status == "SUCCEEDED" and attempts == 1 for _, status, attempts in op_rows), op_rows[:5]
@@ -211,6 +217,9 @@ def main() -> None:
     parser.add_argument("--executions", type=int, nargs="+", default=[250, 1000], help="batch sizes (at most 1000)")
     parser.add_argument("--repeat", type=int, default=3, help="rounds per size (default 3; the median is shown)")
     parser.add_argument("--action", choices=["log", "webhook"], default="log")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="N", help="print each round's N costliest functions (cProfile)"
+    )
     args = parser.parse_args()
     for n in args.executions:
         if not 1 <= n <= 1000:
@@ -231,7 +240,7 @@ def main() -> None:
             samples = []
             for i in range(args.repeat):
                 op_s, floor_s, statements = one_round(
-                    n, args.action, hook_url if args.action == "webhook" else None, home
+                    n, args.action, hook_url if args.action == "webhook" else None, home, args.profile
                 )
                 samples.append((op_s, floor_s))
                 print(

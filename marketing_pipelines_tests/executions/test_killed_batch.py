@@ -4,8 +4,9 @@ This is also the redelivery scenario of a webhook: the POST arrived, the worker 
 recording it, the lease expired and a second worker sent it again, with the same Idempotency-Key.
 
 The run works in its own process (webhooks one at a time, so the kill lands at a known point):
-the third webhook's receiver holds the request while the test kills the process. The first two
-executions were recorded SUCCEEDED; the other three are RUNNING under the dead run until their
+the third webhook's receiver holds the request, the test waits until the first two executions are
+recorded SUCCEEDED (the run commits outcomes finished together in one transaction, from its own
+thread, while the third is in flight) and kills the process. The other three are RUNNING under the dead run until their
 leases expire, then the sensor requeues and re-claims them, and a new run finishes them.
 """
 
@@ -92,9 +93,19 @@ def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(db_url: str
         worker = mp.get_context("spawn").Process(
             target=_worker, args=(db_url, dict(request.run_config), dict(request.tags))
         )
+
+        def statuses() -> list[str]:
+            with engine.connect() as conn:
+                return [get_execution(conn, i)["status"] for i in ids]  # type: ignore[index]
+
         worker.start()
         try:
             assert arrived.wait(timeout=120), "the run never reached the third webhook"
+            # The first two answers came back before the third was sent; their outcomes are committed
+            # by the op's own thread a moment later. The kill must land after that, not race it.
+            deadline = time.monotonic() + 30
+            while statuses()[:2] != ["SUCCEEDED", "SUCCEEDED"] and time.monotonic() < deadline:
+                time.sleep(0.05)
             os.kill(worker.pid, signal.SIGKILL)
             worker.join(timeout=30)
         finally:
@@ -102,11 +113,6 @@ def test_killed_batch_keeps_finished_rows_and_recovers_the_rest_once(db_url: str
             if worker.is_alive():
                 worker.kill()
         assert worker.exitcode == -signal.SIGKILL
-
-        def statuses() -> list[str]:
-            with engine.connect() as conn:
-                return [get_execution(conn, i)["status"] for i in ids]  # type: ignore[index]
-
         assert statuses() == ["SUCCEEDED", "SUCCEEDED", "RUNNING", "RUNNING", "RUNNING"]
 
         # Nothing is due until the dead run's leases expire; then one tick requeues and re-claims them.
