@@ -18,6 +18,7 @@ once. On a 2-core machine D itself grows with N: eight run workers starting at o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
@@ -106,6 +107,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=40, help="agent runs requested at once (default 40)")
     parser.add_argument("--limits", type=int, nargs="+", default=[2, 8], help="pool limits to measure (default 2 8)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds one limit may take to drain")
+    parser.add_argument("--log-dir", type=Path, default=None, help="keep the daemon logs here (default: a temp dir)")
     args = parser.parse_args()
     if not 1 <= args.runs <= 1000:
         parser.error("--runs must be between 1 and 1000")
@@ -116,7 +118,11 @@ def main() -> None:
 
     tick = Settings().sensor_interval_seconds
     rows = []
-    with tempfile.TemporaryDirectory(prefix="mp-bench-agents-") as log_dir:
+    with (
+        contextlib.nullcontext(args.log_dir)
+        if args.log_dir
+        else tempfile.TemporaryDirectory(prefix="mp-bench-agents-") as log_dir
+    ):
         for limit in args.limits:
             print(f"[limit {limit}] {args.runs} agent runs through dagster-daemon ...", flush=True)
             drain, d, peak, once, load = measure(limit, args.runs, args.timeout, Path(log_dir))
