@@ -268,27 +268,14 @@ def finish(
     values: Mapping[str, Any] | None = None,
 ) -> bool:
     """Record a final status for a row this owner still holds; False when the lease was lost."""
-    t = queue.table
-    stmt = (
-        sa.update(t)
-        .where(t.c.id == row_id, t.c.status == RUNNING, _owned_by(queue, owner))
-        .values(
-            status=status,
-            lease_owner=None,
-            lease_expires_at=None,
-            finished_at=now_expr(conn),
-            updated_at=now_expr(conn),
-            **dict(values or {}),
-        )
-    )
-    return conn.execute(stmt).rowcount == 1
+    return row_id in finish_many(conn, queue, [row_id], owner, status, values)
 
 
 def finish_many(
     conn: sa.Connection,
     queue: LeaseQueue,
     row_ids: Sequence[int],
-    owner: str,
+    owner: str | Sequence[str],
     status: str,
     values: Mapping[str, Any] | None = None,
 ) -> set[int]:
@@ -302,7 +289,7 @@ def finish_many(
     t = queue.table
     stmt = (
         sa.update(t)
-        .where(t.c.id.in_(list(row_ids)), t.c.status == RUNNING, t.c.lease_owner == owner)
+        .where(t.c.id.in_(list(row_ids)), t.c.status == RUNNING, _owned_by(queue, owner))
         .values(
             status=status,
             lease_owner=None,

@@ -31,6 +31,18 @@ campaign = sa.Table(
     sa.Column("updated_at", UTCDateTime(), nullable=False),
 )
 
+
+def _lost_attempts_column() -> sa.Column[int]:
+    """Both leased queues count the attempts their workers lost (db/lease.py, MAX_LOST_ATTEMPTS)."""
+    return sa.Column(
+        "lost_attempts",
+        sa.Integer,
+        nullable=False,
+        server_default="0",
+        comment="Attempts lost to the infrastructure (lease expired, run failed first); not spent",
+    )
+
+
 marketing_execution = sa.Table(
     "marketing_execution",
     metadata,
@@ -45,13 +57,7 @@ marketing_execution = sa.Table(
     sa.Column("lease_expires_at", UTCDateTime(), nullable=True),
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Column("max_attempts", sa.Integer, nullable=False, server_default="3"),
-    sa.Column(
-        "lost_attempts",
-        sa.Integer,
-        nullable=False,
-        server_default="0",
-        comment="Attempts lost to the infrastructure (lease expired, run failed first); not spent",
-    ),
+    _lost_attempts_column(),
     sa.Column("run_id", sa.String(64), nullable=True, comment="Dagster run of the latest attempt"),
     sa.Column("last_error", sa.Text, nullable=True),
     sa.Column("dedupe_key", sa.String(200), nullable=True, unique=True, comment="Caller key for idempotent scheduling"),
@@ -141,13 +147,7 @@ agent_run = sa.Table(
     sa.Column("lease_expires_at", UTCDateTime(), nullable=True),
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Column("max_attempts", sa.Integer, nullable=False, server_default="2"),
-    sa.Column(
-        "lost_attempts",
-        sa.Integer,
-        nullable=False,
-        server_default="0",
-        comment="Attempts lost to the infrastructure (lease expired, run failed first); not spent",
-    ),
+    _lost_attempts_column(),
     sa.Column("run_id", sa.String(64), nullable=True),
     sa.Column("max_run_seconds", sa.Integer, nullable=False),
     sa.Column("output", JSONType, nullable=True),
