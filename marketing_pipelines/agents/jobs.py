@@ -189,9 +189,9 @@ def lease_lost(
     """The loop stopped because the row is no longer this run's: fail the run if the agent run ended FAILED.
 
     Whoever took the row recorded its state: an operator's cancel (CANCELLED), or the expiry of this
-    run's lease, which requeued the row or, after its last attempt, FAILED it. A FAILED agent run
-    fails its Dagster run, so the failure shows where Dagster users look; otherwise this run recorded
-    nothing and stays green, saying why.
+    run's lease, which requeued the row (the attempt lost, not spent) or, at MAX_LOST_ATTEMPTS,
+    FAILED it. A FAILED agent run fails its Dagster run, so the failure shows where Dagster users
+    look; otherwise this run recorded nothing and stays green, saying why.
     """
     with engine.connect() as conn:
         row = get_agent_run(conn, agent_run_id)
