@@ -27,6 +27,26 @@ DEFAULT_PG = os.environ.get("MARKETING_TEST_POSTGRES_URL", "postgresql://postgre
 
 
 @contextlib.contextmanager
+def empty_postgres_database(prefix: str) -> Iterator[sa.URL]:
+    """An empty database on the local PostgreSQL server, named ``prefix`` and a random suffix; dropped
+    afterwards (``WITH (FORCE)``: a benchmark killed midway must not leave it held by its connections)."""
+    admin = sa.create_engine(
+        DEFAULT_PG.replace("postgresql://", "postgresql+psycopg2://", 1),
+        isolation_level="AUTOCOMMIT",
+        pool_pre_ping=True,
+    )
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield sa.engine.make_url(DEFAULT_PG).set(database=name)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@contextlib.contextmanager
 def throwaway_database(kind: str) -> Iterator[str]:
     """A migrated application database that is dropped afterwards: 'postgres' or 'sqlite'."""
     if kind == "sqlite":
@@ -39,23 +59,13 @@ def throwaway_database(kind: str) -> Iterator[str]:
             get_engine(url).dispose()
             shutil.rmtree(folder, ignore_errors=True)
         return
-    admin = sa.create_engine(
-        DEFAULT_PG.replace("postgresql://", "postgresql+psycopg2://", 1),
-        isolation_level="AUTOCOMMIT",
-        pool_pre_ping=True,
-    )
-    name = f"mp_bench_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.engine.make_url(DEFAULT_PG).set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade(get_engine(url))
-        yield url
-    finally:
-        get_engine(url).dispose()
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with empty_postgres_database("mp_bench") as empty:
+        url = empty.render_as_string(hide_password=False)
+        try:
+            upgrade(get_engine(url))
+            yield url
+        finally:
+            get_engine(url).dispose()
 
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:

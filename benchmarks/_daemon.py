@@ -9,14 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import sqlalchemy as sa
-from _common import DEFAULT_PG
+from _common import empty_postgres_database
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INSTANCE_CONFIG = REPO_ROOT / "deploy" / "dagster.yaml"
@@ -138,27 +136,14 @@ def log_findings(log_path: Path, limit: int = 12) -> list[str]:
 @contextlib.contextmanager
 def dagster_storage_database() -> Iterator[dict[str, str]]:
     """A throwaway PostgreSQL database for Dagster's own storage, as the DAGSTER_PG_* variables."""
-    admin = sa.create_engine(
-        DEFAULT_PG.replace("postgresql://", "postgresql+psycopg2://", 1),
-        isolation_level="AUTOCOMMIT",
-        pool_pre_ping=True,
-    )
-    name = f"mp_bench_dagster_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.engine.make_url(DEFAULT_PG)
-    try:
+    with empty_postgres_database("mp_bench_dagster") as url:
         yield {
             "DAGSTER_PG_HOST": url.host or "127.0.0.1",
             "DAGSTER_PG_PORT": str(url.port or 5432),
             "DAGSTER_PG_USER": url.username or "postgres",
             "DAGSTER_PG_PASSWORD": url.password or "",
-            "DAGSTER_PG_DB": name,
+            "DAGSTER_PG_DB": url.database or "",
         }
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 @contextlib.contextmanager

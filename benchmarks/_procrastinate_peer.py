@@ -23,11 +23,9 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Iterator, Sequence
 
-import sqlalchemy as sa
-from _common import DEFAULT_PG, print_table
+from _common import empty_postgres_database, print_table
 
 DEFER_CHUNK = 5000  # jobs per batch_defer statement
 POOL_SPARE = 4  # pool connections beyond the running jobs: fetching, LISTEN, heartbeat, abort polling
@@ -36,21 +34,8 @@ POOL_SPARE = 4  # pool connections beyond the running jobs: fetching, LISTEN, he
 @contextlib.contextmanager
 def _throwaway_database() -> Iterator[str]:
     """An empty PostgreSQL database on the local server, as a libpq URL; dropped afterwards."""
-    admin = sa.create_engine(
-        DEFAULT_PG.replace("postgresql://", "postgresql+psycopg2://", 1),
-        isolation_level="AUTOCOMMIT",
-        pool_pre_ping=True,
-    )
-    name = f"mp_bench_procrastinate_{uuid.uuid4().hex[:10]}"
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = sa.engine.make_url(DEFAULT_PG).set(drivername="postgresql", database=name)
-    try:
-        yield url.render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with empty_postgres_database("mp_bench_procrastinate") as url:
+        yield url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def drain_seconds(n: int, concurrency: int) -> float:
