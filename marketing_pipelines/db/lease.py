@@ -324,7 +324,7 @@ def retry_or_fail(
     """
     t = queue.table
     if lost:
-        exhausted, values = _lost_values(conn, queue, error)
+        exhausted, values = _lost_values(queue, error, now_expr(conn))
     else:
         exhausted = t.c.attempts >= t.c.max_attempts
         values: dict[str, Any] = {
@@ -377,7 +377,9 @@ def expire_claims(conn: sa.Connection, queue: LeaseQueue, owners: Sequence[str])
     return conn.execute(stmt).rowcount
 
 
-def _lost_values(conn: sa.Connection, queue: LeaseQueue, error: str) -> tuple[sa.ColumnElement[bool], dict[str, Any]]:
+def _lost_values(
+    queue: LeaseQueue, error: str, now: sa.ColumnElement[datetime]
+) -> tuple[sa.ColumnElement[bool], dict[str, Any]]:
     """Whether a row gives up after losing one more attempt, and the values that record the loss.
 
     Back in the queue with its last attempt moved out by one, or FAILED at ``MAX_LOST_ATTEMPTS``.
@@ -386,7 +388,7 @@ def _lost_values(conn: sa.Connection, queue: LeaseQueue, error: str) -> tuple[sa
     gives_up = t.c.lost_attempts + 1 >= MAX_LOST_ATTEMPTS
     return gives_up, {
         "status": sa.case((gives_up, FAILED), else_=queue.ready_status),
-        "finished_at": sa.case((gives_up, now_expr(conn)), else_=None),
+        "finished_at": sa.case((gives_up, now), else_=None),
         "max_attempts": sa.case((gives_up, t.c.max_attempts), else_=t.c.max_attempts + 1),
         "lost_attempts": t.c.lost_attempts + 1,
         queue.error_column: sa.case((gives_up, f"{LOST_ATTEMPTS_ERROR}; {error}"), else_=error),
@@ -402,7 +404,7 @@ def recover_expired(conn: sa.Connection, queue: LeaseQueue, limit: int = 1000) -
     """
     t = queue.table
     now = now_expr(conn)
-    _, values = _lost_values(conn, queue, LEASE_EXPIRED_ERROR)
+    _, values = _lost_values(queue, LEASE_EXPIRED_ERROR, now)
     expired = (
         sa.select(t.c.id)
         .where(t.c.status == RUNNING, t.c.lease_expires_at < now)

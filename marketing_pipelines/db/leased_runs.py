@@ -310,8 +310,8 @@ def reconcile_run(
     by now, are left alone. ``outcome`` CANCELLED ends a row CANCELLED; anything else puts it back in
     the queue, the attempt lost rather than spent (or fails it at ``MAX_LOST_ATTEMPTS``).
     ``on_status`` gets each changed row's id, its attempt (read from the row, so no run tag has to
-    carry it) and new status. ``never_started``: the run failed
-    before its worker started (``run_never_started``). Returns how many rows got which status.
+    carry it) and new status. ``never_started``: the run failed before its worker started
+    (``run_never_started``). Returns how many rows got which status.
     """
     claimed_by = run.tags.get(TAG_CLAIMED_BY, "")
     owners = [run_owner(run.run_id), claimed_by]

@@ -90,7 +90,7 @@ def test_an_expired_lease_loses_the_attempt_without_spending_it_until_max_lost_a
     # One that kills every worker it reaches still ends: FAILED at MAX_LOST_ATTEMPTS, saying so.
     assert _expire_one(engine, "last") == lease.Recovery((), (1,))
     row = _row(engine, 1)
-    assert (row["status"], row["attempts"], row["lost_attempts"]) == ("FAILED", lease.MAX_LOST_ATTEMPTS, 5)
+    assert (row["status"], row["attempts"], row["lost_attempts"]) == ("FAILED", 5, lease.MAX_LOST_ATTEMPTS)
     assert row["last_error"] == f"{lease.LOST_ATTEMPTS_ERROR}; {lease.LEASE_EXPIRED_ERROR}"
     assert row["finished_at"] is not None and row["lease_owner"] is None
 

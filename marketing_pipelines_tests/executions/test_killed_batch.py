@@ -6,8 +6,8 @@ recording it, the lease expired and a second worker sent it again, with the same
 The run works in its own process (webhooks one at a time, so the kill lands at a known point):
 the third webhook's receiver holds the request, the test waits until the first two executions are
 recorded SUCCEEDED (the run commits outcomes finished together in one transaction, from its own
-thread, while the third is in flight) and kills the process. The other three are RUNNING under the dead run until their
-leases expire, then the sensor requeues and re-claims them, and a new run finishes them.
+thread, while the third is in flight) and kills the process. The other three are RUNNING under the
+dead run until their leases expire, then the sensor requeues and re-claims them, and a new run finishes them.
 """
 
 from __future__ import annotations
