@@ -461,6 +461,9 @@ def main() -> None:
     )
     parser.add_argument("--per-run", type=int, default=None, help="MARKETING_EXECUTIONS_PER_RUN of the batched shape")
     parser.add_argument(
+        "--webhook-concurrency", type=int, default=None, help="MARKETING_WEBHOOK_CONCURRENCY of every shape (1 to 64)"
+    )
+    parser.add_argument(
         "--executions", type=int, default=1000, help="executions made due at once per shape (0: skip throughput)"
     )
     parser.add_argument("--action", choices=["log", "webhook"], default="log", help="what each execution does")
@@ -494,6 +497,8 @@ def main() -> None:
         parser.error("--executions, --single and --agent must be >= 0")
     if args.per_run is not None and not 1 <= args.per_run <= 1000:
         parser.error("--per-run must be between 1 and 1000")
+    if args.webhook_concurrency is not None and not 1 <= args.webhook_concurrency <= 64:
+        parser.error("--webhook-concurrency must be between 1 and 64")
 
     keep_logs = args.log_dir is not None
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="mp-bench-logs-"))
@@ -508,9 +513,12 @@ def main() -> None:
     peer_rows: list[tuple[Any, ...]] = []
     try:
         if args.executions:
+            # The daemon's environment is built from these alone: MARKETING_* variables of this shell are not passed.
+            concurrency = args.webhook_concurrency
+            common = {"MARKETING_WEBHOOK_CONCURRENCY": str(concurrency)} if concurrency else {}
             shapes = {
-                "batched": ({"MARKETING_EXECUTIONS_PER_RUN": str(args.per_run)} if args.per_run else {}),
-                "one": {"MARKETING_EXECUTIONS_PER_RUN": "1"},
+                "batched": {**common, **({"MARKETING_EXECUTIONS_PER_RUN": str(args.per_run)} if args.per_run else {})},
+                "one": {**common, "MARKETING_EXECUTIONS_PER_RUN": "1"},
             }
             for shape in args.shapes:
                 try:

@@ -58,6 +58,13 @@ _BEARER = re.compile(r"(?i)\b(bearer)\s+[^\s'\",;]{4,}")
 # A Python bytes literal, as an HTTP library quotes a header it refused; to the end of the text when
 # cut before its closing quote.
 _BYTES_LITERAL = re.compile(r"""(?<![\w'"])b(['"])(?:(?!\1)[^\\]|\\.)*(?:\1|\\?$)""", re.DOTALL)
+# Whatever ``redact_text`` changes holds one of these, in ASCII text compared lower-case: a URL's "://",
+# "bearer", or a piece of every secret-like name (a name ``_hide_assignments`` hides a value after holds
+# one of _SECRET_WORDS or ends in "key"); a bytes literal holds b' or b". Text without any (most log
+# lines and payload strings) is returned as it is, for a few substring tests instead of four regex
+# scans. Other text always takes the scans: regular expressions match some non-ASCII letters
+# case-insensitively ("\u017f" as "s") that a substring test would miss.
+_REDACTION_HINTS = ("://", "bearer", "key", "token", "secret", "passw", "authori", "signature", "cookie", "credential")
 # How deep ``redact_value`` looks; anything deeper is hidden whole.
 MAX_DEPTH = 32
 
@@ -132,6 +139,19 @@ def url_origins(text: str) -> str:
 
 def redact_text(text: str) -> str:
     """``text`` with its URLs redacted and credential echoes hidden: ``Bearer ***``, ``b'***'``, ``X-Api-Key: ***``."""
+    return _redact_text_scanned(text) if _may_hide(text) else text
+
+
+def _may_hide(text: str) -> bool:
+    """False only when ``text`` (ASCII) holds none of _REDACTION_HINTS and no bytes literal's opening."""
+    if not text.isascii() or "b'" in text or 'b"' in text:
+        return True
+    lower = text.lower()
+    return any(hint in lower for hint in _REDACTION_HINTS)
+
+
+def _redact_text_scanned(text: str) -> str:
+    """``redact_text`` without its shortcut for text that holds nothing to redact."""
     text = redact_urls(text)
     text = _BYTES_LITERAL.sub(lambda m: f"b{m.group(1)}{HIDDEN}{m.group(1)}", text)
     return _BEARER.sub(lambda m: f"{m.group(1)} {HIDDEN}", _hide_assignments(text))
@@ -164,6 +184,11 @@ def error_text(exc: BaseException) -> str:
 
 def is_secret_name(name: str) -> bool:
     """Whether a key or header named ``name`` holds a secret (token, secret, password, API key...)."""
+    return _may_hide(name) and _names_a_secret(name)
+
+
+def _names_a_secret(name: str) -> bool:
+    """``is_secret_name`` without its shortcut for names that hold no secret word."""
     if _SECRET_NAME.search(name):
         return True
     return "key" in _NAME_WORDS.findall(_CAMEL_BOUNDARY.sub(r"\1_\2", name).lower())
@@ -225,7 +250,7 @@ def secret_parts(value: Any, _depth: int = 0) -> set[str]:
     elif isinstance(value, list | tuple):
         for item in value:
             parts |= secret_parts(item, _depth + 1)
-    elif isinstance(value, str):
+    elif isinstance(value, str) and "://" in value:  # every URL holds it; the scan costs more than the test
         for match in _URL_IN_TEXT.finditer(value):
             parts |= _url_parts(match.group(0).rstrip(_TRAILING_PUNCTUATION))
     return {part for part in parts if len(part) >= MIN_HIDDEN_CHARS}

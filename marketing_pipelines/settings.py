@@ -63,12 +63,17 @@ class Settings(BaseSettings):
 
     database_url: str | None = Field(None, description="Application database URL (SQLite or PostgreSQL).")
     # Chosen from benchmarks/e2e_executions.py (docs/PERFORMANCE.md, section 6).
-    sensor_batch_size: int = Field(1000, ge=1, le=10_000, description="Due rows a claiming sensor claims per tick.")
+    sensor_batch_size: int = Field(
+        5000,
+        ge=1,
+        le=10_000,
+        description="Due rows claimed per tick, at most; executions claimed and still waiting for their runs count.",
+    )
     sensor_interval_seconds: int = Field(3, ge=1, le=3600, description="Minimum seconds between claiming sensor ticks.")
     executions_per_run: int = Field(
-        250, ge=1, le=1000, description="Executions one marketing_execution_job run performs (1: one per run)."
+        1000, ge=1, le=1000, description="Executions one marketing_execution_job run performs (1: one per run)."
     )
-    webhook_concurrency: int = Field(16, ge=1, le=64, description="Webhooks one run sends at once.")
+    webhook_concurrency: int = Field(32, ge=1, le=64, description="Webhooks one run sends at once.")
     webhook_allow_networks: Annotated[tuple[str, ...], NoDecode] = Field(
         (),
         description="Comma-separated CIDRs webhooks may reach beyond public addresses (loopback, private). "

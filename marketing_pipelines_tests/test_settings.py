@@ -119,7 +119,7 @@ def test_the_code_location_builds_its_resources_from_the_environment() -> None:
     )
     assert shown.returncode == 0, shown.stderr
     # The URL stays an EnvVar: the UI shows the variable's name, never a password inside it.
-    assert shown.stdout.split() == ["7", "16", "True"]
+    assert shown.stdout.split() == ["7", "32", "True"]
 
 
 def test_a_bad_setting_stops_the_code_location_from_loading_with_one_clear_line() -> None:

@@ -191,7 +191,7 @@ def test_settings_show_as_resource_config_and_secrets_as_env_var_names(served: d
 
     # What an operator sees under Deployment > Resources: the value in force, set from the environment ...
     assert values("execution_settings")["executions_per_run"] == (str(EXECUTIONS_PER_RUN), "VALUE")
-    assert values("webhook")["concurrency"] == ("16", "VALUE")
+    assert values("webhook")["concurrency"] == ("32", "VALUE")
     # ... each field naming its variable ...
     described = {f["name"]: f["description"] for f in resources["execution_settings"]["configFields"]}
     assert "Env var: MARKETING_EXECUTIONS_PER_RUN." in described["executions_per_run"]

@@ -11,6 +11,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class _Server(ThreadingHTTPServer):
+    """A threaded receiver with a real server's listen backlog (nginx: 511).
+
+    Python's default is 5: a run sends MARKETING_WEBHOOK_CONCURRENCY (32) requests at once, and the
+    overflow came back as connections reset (httpx ReadError), which no production receiver causes.
+    """
+
+    request_queue_size = 256
+    daemon_threads = True
+
+
 @dataclass
 class Received:
     path: str
@@ -64,7 +75,7 @@ def webhook_server(status: int = 200, keep_alive: bool = False) -> Iterator[Reco
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = _Server(("127.0.0.1", 0), Handler)
     recorder.port = server.server_address[1]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

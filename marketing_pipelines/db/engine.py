@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +130,16 @@ def insert_ignoring_conflicts(conn: sa.Connection, table: sa.Table, *index_eleme
 
     dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
     return dialect_insert(table).on_conflict_do_nothing(index_elements=list(index_elements) or None)
+
+
+def one_of(conn: sa.Connection, column: sa.ColumnElement[Any], values: Iterable[Any]) -> sa.ColumnElement[bool]:
+    """``column IN (values)``; on PostgreSQL ``column = ANY(:array)``, one parameter for every value.
+
+    A batch's statements (a thousand ids) then have one text whatever their size: SQLAlchemy renders
+    no parameter per value at each execution, and the server parses the same short statement.
+    """
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects import postgresql  # as in insert_ignoring_conflicts
+
+        return column == sa.any_(sa.bindparam(None, list(values), type_=postgresql.ARRAY(column.type)))
+    return column.in_(list(values))

@@ -28,6 +28,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from marketing_pipelines.db.engine import one_of
 from marketing_pipelines.db.types import UTCDateTime
 
 RUNNING = "RUNNING"
@@ -211,7 +212,7 @@ def take_over_many(
     t = queue.table
     stmt = (
         sa.update(t)
-        .where(t.c.id.in_(list(row_ids)), t.c.status == RUNNING, t.c.lease_owner.in_([claimed_by, new_owner]))
+        .where(one_of(conn, t.c.id, row_ids), t.c.status == RUNNING, t.c.lease_owner.in_([claimed_by, new_owner]))
         .values(
             lease_owner=new_owner,
             lease_expires_at=now_expr(conn, lease_seconds),
@@ -247,7 +248,7 @@ def renew_many(
     t = queue.table
     stmt = (
         sa.update(t)
-        .where(t.c.id.in_(list(row_ids)), t.c.status == RUNNING, t.c.lease_owner == owner)
+        .where(one_of(conn, t.c.id, row_ids), t.c.status == RUNNING, t.c.lease_owner == owner)
         .values(lease_expires_at=now_expr(conn, lease_seconds), updated_at=now_expr(conn))
         .returning(t.c.id)
     )
@@ -289,7 +290,7 @@ def finish_many(
     t = queue.table
     stmt = (
         sa.update(t)
-        .where(t.c.id.in_(list(row_ids)), t.c.status == RUNNING, _owned_by(queue, owner))
+        .where(one_of(conn, t.c.id, row_ids), t.c.status == RUNNING, _owned_by(queue, owner))
         .values(
             status=status,
             lease_owner=None,
@@ -342,6 +343,20 @@ def retry_or_fail(
         conditions.append(sa.or_(t.c.run_id == run_id, t.c.run_id.is_(None)))
     stmt = sa.update(t).where(*conditions).values(values).returning(t.c.status)
     return conn.execute(stmt).scalar_one_or_none()
+
+
+def claimed_waiting(conn: sa.Connection, queue: LeaseQueue) -> int:
+    """Rows claimed by a tick and not yet taken over by a run: their runs wait in Dagster's queue.
+
+    Counted over the RUNNING rows only (the lease index's few), across every replica's claims.
+    """
+    t = queue.table
+    stmt = (
+        sa.select(sa.func.count())
+        .select_from(t)
+        .where(t.c.status == RUNNING, t.c.lease_owner.startswith(CLAIM_OWNER_PREFIX, autoescape=True))
+    )
+    return int(conn.execute(stmt).scalar_one())
 
 
 def claims_older_than(conn: sa.Connection, queue: LeaseQueue, seconds: float) -> list[str]:

@@ -232,9 +232,19 @@ def end_attempts(conn: sa.Connection, attempts: Sequence[tuple[int, int]], outco
     if not attempts:
         return
     a = marketing_execution_attempt
+    pairs: Any = list(attempts)
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects import postgresql  # as in insert_ignoring_conflicts
+
+        # Two arrays zipped by the server, as in start_attempts: two parameters, not two per attempt.
+        ids, numbers = zip(*attempts, strict=True)
+        pairs = sa.select(
+            sa.func.unnest(sa.bindparam(None, list(ids), type_=postgresql.ARRAY(sa.BigInteger()))),
+            sa.func.unnest(sa.bindparam(None, list(numbers), type_=postgresql.ARRAY(sa.Integer()))),
+        )
     conn.execute(
         sa.update(a)
-        .where(sa.tuple_(a.c.execution_id, a.c.attempt).in_(list(attempts)), a.c.outcome.is_(None))
+        .where(sa.tuple_(a.c.execution_id, a.c.attempt).in_(pairs), a.c.outcome.is_(None))
         .values(outcome=outcome, error=None, finished_at=datetime.now(UTC))
     )
 

@@ -11,7 +11,7 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from marketing_pipelines.db.lease import CANCELLED, LEASE_EXPIRED_ERROR, Recovery, new_claim_owner
+from marketing_pipelines.db.lease import CANCELLED, LEASE_EXPIRED_ERROR, Recovery, claimed_waiting, new_claim_owner
 from marketing_pipelines.db.leased_runs import (
     RECONCILE_INTERVAL_SECONDS,
     TAG_CAMPAIGN_ID,
@@ -28,7 +28,7 @@ from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.redact import redact_text
 from marketing_pipelines.settings import current_settings
 
-# Runs carry a small, fixed set of tag keys, the same for one execution or 250: how many executions,
+# Runs carry a small, fixed set of tag keys, the same for one execution or 1,000: how many executions,
 # which campaigns, who claimed them. No key per execution: every distinct key is a row in the
 # instance's tag-key index and a suggestion in the UI's run filter, so a key per execution would grow
 # both without bound. An execution's runs are found through its attempt history (`executions show`,
@@ -83,16 +83,19 @@ def claim_execution_requests(
     settings: ExecutionSettings,
     instance: Callable[[], dg.DagsterInstance | None] | None = None,
 ) -> tuple[list[dg.RunRequest], str]:
-    """Recover expired leases, claim up to ``batch_size`` due rows and group them into runs.
+    """Recover expired leases, claim due rows and group them into runs.
 
-    Rows stay in due order: the first run holds the longest-waiting executions.
+    A tick claims what brings the rows claimed and still waiting for their runs (every replica's)
+    up to ``batch_size``: a backlog of runs in Dagster's queue stops the claiming instead of growing
+    past what the leases cover while the runs wait. Rows stay in due order: the first run holds the
+    longest-waiting executions.
     """
     per_run = settings.executions_per_run
     claim = claim_requests(
         engine,
         EXECUTIONS,
         claimed_by,
-        room=settings.batch_size,
+        room=lambda conn: settings.batch_size - claimed_waiting(conn, EXECUTIONS),
         lease_seconds=settings.lease_seconds,
         to_requests=lambda rows: [
             batch_run_request(rows[start : start + per_run], claimed_by) for start in range(0, len(rows), per_run)

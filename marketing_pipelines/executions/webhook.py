@@ -128,7 +128,10 @@ class WebhookClient(dg.ConfigurableResource):
     def new_client(self) -> httpx.AsyncClient:
         # trust_env=False: HTTP(S)_PROXY / ALL_PROXY would send the request, query token and all, to a
         # proxy the egress policy never checked, and the pinned address would be the proxy's business.
-        return httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False, trust_env=False)
+        # As many connections kept open as requests in flight: httpx keeps 20 by default, so past 20 at
+        # once a run's batch closed and reopened connections to the same receiver.
+        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
+        return httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False, trust_env=False, limits=limits)
 
     async def _post_once(
         self, url: str, body: bytes, headers: Mapping[str, str], extensions: dict[str, Any]

@@ -12,10 +12,12 @@ from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.lease import claim_batch
 from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.schema import marketing_execution as t
+from marketing_pipelines.db.schema import marketing_execution_attempt
 from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.executions.jobs import _Attempted, _record
 from marketing_pipelines.executions.queue import (
     EXECUTIONS,
+    end_attempts,
     get_execution,
     list_attempts,
     schedule_execution,
@@ -123,3 +125,23 @@ def test_a_batch_is_recorded_in_one_transaction_or_not_at_all(pg_url: str) -> No
     assert [s for s, _ in _record(engine, batch, owner, BACKING_OFF)] == ["SUCCEEDED"] * 4
     assert [_state(engine, i) for i in ids] == [("SUCCEEDED", None, ["SUCCEEDED"])] * 4
     assert [s for s, _ in _record(engine, batch, owner, BACKING_OFF)] == [None] * 4
+
+
+def test_ending_attempts_ends_exactly_the_pairs_named(engine: sa.Engine) -> None:
+    """Each (execution, attempt) pair is matched as a pair: execution 1's attempt 2 and execution 2's
+    attempt 1 named together end neither execution 1's attempt 1 nor execution 2's attempt 2."""
+    _, rows = _taken_over(engine, 2)
+    first, second = rows[0]["id"], rows[1]["id"]
+    a = marketing_execution_attempt
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(a),
+            [
+                {"execution_id": first, "attempt": 2, "run_id": "run-1", "started_at": datetime.now(UTC)},
+                {"execution_id": second, "attempt": 2, "run_id": "run-1", "started_at": datetime.now(UTC)},
+            ],
+        )
+        end_attempts(conn, [(first, 2), (second, 1)], "SUCCEEDED")
+    with engine.connect() as conn:
+        assert [x["outcome"] for x in list_attempts(conn, first)] == [None, "SUCCEEDED"]
+        assert [x["outcome"] for x in list_attempts(conn, second)] == ["SUCCEEDED", None]

@@ -6,6 +6,7 @@ execution of the batch on its own (its row, its attempt history, the POSTs its r
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
@@ -118,6 +119,22 @@ def test_sensor_groups_a_tick_into_runs_of_executions_per_run(
     # An execution's run is found through its attempt history, not a run tag per execution.
     with engine.connect() as conn:
         assert [a["run_id"] for a in list_attempts(conn, ids[5])] == [results[1].run_id]
+
+
+def test_a_tick_claims_only_what_tops_up_the_claims_still_waiting_for_runs(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
+) -> None:
+    """Runs waiting in Dagster's queue hold their claims: the next tick claims only the difference to
+    batch_size, so a backlog never outgrows the leases that must cover its wait."""
+    ids = _schedule(engine, hook.url, n=7)
+    settings = ExecutionSettings(batch_size=3, executions_per_run=2)
+    first = _tick(db_url, instance, settings)
+    assert [executions_of_run(r.run_config) for r in first] == [ids[0:2], ids[2:3]]
+    assert _tick(db_url, instance, settings) == []  # three claimed rows wait for their runs
+    assert perform(first[0], db_url, instance, settings=settings).success  # one run took its two over
+    [second] = _tick(db_url, instance, settings)
+    assert executions_of_run(second.run_config) == ids[3:5]
+    assert _tick(db_url, instance, settings) == []
 
 
 def test_one_failing_webhook_costs_the_others_nothing(
@@ -539,11 +556,13 @@ def test_a_receivers_nul_byte_is_stored_visibly_and_costs_the_others_nothing(
 def test_a_batchs_webhooks_share_connections_to_one_receiver(
     db_url: str, engine: sa.Engine, instance: dg.DagsterInstance
 ) -> None:
-    # One event loop and connection pool for the run's batch: 40 POSTs to a receiver that keeps
-    # connections open arrive over at most as many connections as are in flight at once (16), where a
-    # new client per webhook opened one connection each.
+    # One event loop and connection pool for the run's batch: 120 POSTs to a receiver that keeps
+    # connections open arrive over at most as many connections as are in flight at once
+    # (MARKETING_WEBHOOK_CONCURRENCY, 32), where a new client per webhook opened one connection each.
     with webhook_server(keep_alive=True) as receiver:
-        ids = _schedule(engine, receiver.url, n=40)
+        # Answers take a moment, so the run has all its requests in flight at once, wave after wave.
+        receiver.on_request = lambda _: time.sleep(0.05)
+        ids = _schedule(engine, receiver.url, n=120)
         [request] = _tick(db_url, instance)
         result = perform(request, db_url, instance)
         assert result.success and set(outcomes(result).values()) == {"SUCCEEDED"}
