@@ -28,7 +28,7 @@ from marketing_pipelines.executions.sensors import (
 )
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions
 from marketing_pipelines_tests.webserver import Received, Recorder, webhook_server
 
 
@@ -135,6 +135,23 @@ def test_a_tick_claims_only_what_tops_up_the_claims_still_waiting_for_runs(
     [second] = _tick(db_url, instance, settings)
     assert executions_of_run(second.run_config) == ids[3:5]
     assert _tick(db_url, instance, settings) == []
+
+
+def test_a_run_of_the_default_size_performs_and_records_every_execution(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance
+) -> None:
+    """The default batch (MARKETING_EXECUTIONS_PER_RUN, 1,000) in one run, on the embedded SQLite
+    default as on PostgreSQL: each statement over the batch stays within what the database takes."""
+    add_campaign(engine)
+    bulk_due_executions(engine, ExecutionSettings().executions_per_run + 1)
+    first, second = _tick(db_url, instance)
+    assert (len(executions_of_run(first.run_config)), len(executions_of_run(second.run_config))) == (1000, 1)
+    result = perform(first, db_url, instance)
+    assert result.success
+    assert Counter(outcomes(result).values()) == {"SUCCEEDED": 1000}
+    with engine.connect() as conn:
+        statuses = Counter(conn.execute(sa.select(t.c.status)).scalars())
+    assert statuses == {"SUCCEEDED": 1000, "RUNNING": 1}  # the second run's one, claimed and waiting
 
 
 def test_one_failing_webhook_costs_the_others_nothing(
