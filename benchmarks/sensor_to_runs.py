@@ -19,15 +19,20 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import dagster as dg
 from _common import print_table, throwaway_database
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.resources import ExecutionSettings
+from marketing_pipelines_tests.factories import start_runs
 
 SENSOR_TIMEOUT_S = 60.0
 
@@ -43,9 +48,7 @@ def _run(url: str, executions: int, batch: int, per_run: int, mode: str) -> tupl
     """Returns (executions handed to created runs per second, tick seconds, executions)."""
     from _seed import seed_due
 
-    from marketing_pipelines.db.leased_runs import TAG_CLAIMED_BY, take_over_rows
     from marketing_pipelines.definitions import defs
-    from marketing_pipelines.executions.queue import EXECUTIONS
     from marketing_pipelines.executions.sensors import due_executions_sensor, executions_of_run
 
     seed_due(url, executions)
@@ -74,16 +77,7 @@ def _run(url: str, executions: int, batch: int, per_run: int, mode: str) -> tupl
                 created += len(executions_of_run(request.run_config))
             if mode == "project":
                 starting = time.perf_counter()
-                for n, request in enumerate(requests):
-                    take_over_rows(
-                        get_engine(url),
-                        EXECUTIONS,
-                        executions_of_run(request.run_config),
-                        claimed_by=request.tags[TAG_CLAIMED_BY],
-                        run_id=f"bench-{len(ticks)}-{n}",
-                        lease_seconds=300,
-                        log=lambda _: None,
-                    )
+                start_runs(get_engine(url), requests)
                 started += time.perf_counter() - starting
         elapsed = time.perf_counter() - began - started
     return created / elapsed, ticks, created

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
+from marketing_pipelines.db.leased_runs import TAG_CLAIMED_BY, take_over_rows
 from marketing_pipelines.db.schema import marketing_execution
+from marketing_pipelines.executions.queue import EXECUTIONS
+from marketing_pipelines.executions.sensors import executions_of_run
 
 
 def add_campaign(engine: sa.Engine, campaign_id: str = "spring-launch", **kw: Any) -> str:
@@ -39,3 +43,18 @@ def bulk_due_executions(
     ]
     with engine.begin() as conn:
         conn.execute(sa.insert(marketing_execution), rows)
+
+
+def start_run(engine: sa.Engine, claimed_by: str, execution_ids: Sequence[int]) -> str:
+    """Take a batch run's executions over from their claim, as the run does when it starts (no action);
+    returns the owner the rows are leased to now."""
+    run_id = f"{claimed_by}-run-{execution_ids[0]}"
+    return take_over_rows(
+        engine, EXECUTIONS, execution_ids, claimed_by=claimed_by, run_id=run_id, lease_seconds=300, log=print
+    ).owner
+
+
+def start_runs(engine: sa.Engine, requests: Sequence[Any]) -> None:
+    """``start_run`` for each run request of a claiming tick."""
+    for request in requests:
+        start_run(engine, request.tags[TAG_CLAIMED_BY], executions_of_run(request.run_config))

@@ -5,7 +5,9 @@ Both replicas are real ``dagster code-server start`` processes, loaded as two co
 PostgreSQL through deploy/dagster.yaml. Each tick is the webserver's public sensor dry run (GraphQL
 ``sensorDryRun``, the UI's "Test sensor"), which has the replica's code server evaluate the sensor over gRPC
 as the daemon does: the claims run in the two replicas' processes, at once. Each due execution must be
-launched exactly once, and both replicas must have claimed some.
+launched exactly once, and both replicas must have claimed some. A dry run launches nothing, so after
+each tick the test takes the requested runs' rows over as the runs would when they start: a tick
+claims only up to the batch size less the rows still waiting for their runs.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from dagster_graphql import DagsterGraphQLClient, ReloadRepositoryLocationStatus
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.executions.sensors import TAG_CLAIMED_BY, executions_of_run
-from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions
+from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions, start_run
 from marketing_pipelines_tests.processes import (
     REPO_ROOT,
     Child,
@@ -46,6 +48,7 @@ REPLICAS = 2
 SENSOR = "due_executions_sensor"
 REPOSITORY = "__repository__"  # the name Dagster gives the repository of a Definitions object
 LOOP_SECONDS = 60
+WAITING = "Nothing claimed: executions claimed earlier fill the batch"
 
 DRY_RUN = """
 mutation ($selector: SensorSelector!, $cursor: String) {
@@ -102,7 +105,9 @@ class Launched:
 class Replica:
     location: str
     webserver: str
+    engine: sa.Engine
     batches: list[list[Launched]] = field(default_factory=list)
+    owners: dict[int, str] = field(default_factory=dict)  # each execution's lease owner once its run took it over
     errors: list[str] = field(default_factory=list)
     skips: list[str] = field(default_factory=list)
 
@@ -134,10 +139,17 @@ class Replica:
                     return
                 requests = result["runRequests"] or []
                 if requests:
-                    self.batches.append([Launched.of(r) for r in requests])
-                else:
-                    self.skips.append(result["skipReason"] or "")
+                    batch = [Launched.of(r) for r in requests]
+                    self.batches.append(batch)
+                    for launched in batch:
+                        owner = start_run(self.engine, launched.tags[TAG_CLAIMED_BY], launched.executions)
+                        self.owners.update(dict.fromkeys(launched.executions, owner))
+                    continue
+                self.skips.append(result["skipReason"] or "")
+                if not self.skips[-1].startswith(WAITING):
                     return
+                # The other replica's claim fills the batch until the test has started its runs.
+                time.sleep(0.05)
         self.errors.append(f"still claiming after {LOOP_SECONDS}s")
 
 
@@ -197,7 +209,7 @@ def test_two_code_server_replicas_launch_each_due_execution_exactly_once(
         for location, _ in locations:
             wait_for(f"{location} to load", lambda loc=location: _location_loaded(graphql, loc), 90, children, 2)
 
-        replicas = [Replica(location, webserver) for location, _ in locations]
+        replicas = [Replica(location, webserver, engine) for location, _ in locations]
         go = threading.Barrier(REPLICAS)
         deadline = time.monotonic() + LOOP_SECONDS
         threads = [threading.Thread(target=r.drain, args=(go, deadline)) for r in replicas]
@@ -218,11 +230,12 @@ def test_two_code_server_replicas_launch_each_due_execution_exactly_once(
     assert all(len(request.executions) <= PER_RUN for request in requests)
     claimed = {r.location: sum(len(request.executions) for b in r.batches for request in b) for r in replicas}
     assert all(claimed.values()), f"a replica claimed nothing: {claimed}"
-    assert all(s.startswith("Nothing due") for r in replicas for s in r.skips)
-    # The database agrees with the run requests: each row is leased to the claim that launched it.
+    assert all(r.skips[-1].startswith("Nothing due") for r in replicas), [r.skips[-3:] for r in replicas]
+    # The database agrees with the run requests: each row is leased to the run its claim launched.
     with engine.connect() as conn:
         leases = dict(conn.execute(sa.select(marketing_execution.c.id, marketing_execution.c.lease_owner)).all())
-    assert leases == {i: request.tags[TAG_CLAIMED_BY] for request in requests for i in request.executions}
+    assert leases == {i: owner for r in replicas for i, owner in r.owners.items()}
+    assert all(owner.startswith("run:") for owner in leases.values())
 
 
 def _assert_alive(children: list[Child]) -> None:

@@ -82,8 +82,8 @@ def claim_execution_requests(
     claimed_by: str,
     settings: ExecutionSettings,
     instance: Callable[[], dg.DagsterInstance | None] | None = None,
-) -> tuple[list[dg.RunRequest], str]:
-    """Recover expired leases, claim due rows and group them into runs.
+) -> tuple[list[dg.RunRequest], str, int]:
+    """Recover expired leases, claim due rows and group them into runs; (requests, summary, room) of the tick.
 
     A tick claims what brings the rows claimed and still waiting for their runs (every replica's)
     up to ``batch_size``: a backlog of runs in Dagster's queue stops the claiming instead of growing
@@ -104,7 +104,7 @@ def claim_execution_requests(
         instance=instance,
         rows_of_run=lambda run: executions_of_run(run.run_config),
     )
-    return claim.requests, claim.summary("executions")
+    return claim.requests, claim.summary("executions", room_name="room"), claim.room
 
 
 @dg.sensor(
@@ -124,9 +124,14 @@ def due_executions_sensor(
     engine = app_db.ready_engine_or_skip()
     if isinstance(engine, dg.SkipReason):
         return engine
-    requests, summary = claim_execution_requests(
+    requests, summary, room = claim_execution_requests(
         engine, new_claim_owner(), execution_settings, lambda: sensor_instance(context)
     )
+    if not requests and room == 0:
+        return dg.SkipReason(
+            f"Nothing claimed: executions claimed earlier fill the batch ({execution_settings.batch_size}, "
+            f"MARKETING_SENSOR_BATCH_SIZE) until their runs start ({summary})."
+        )
     if not requests:
         return dg.SkipReason(f"Nothing due ({summary}).")
     context.log.info(summary)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions
+from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions, start_runs
 
 DUE = 2000
 WORKERS = 2
@@ -26,9 +26,7 @@ def _sensor_worker(db_url: str, start: Any, out: Any) -> None:
     """Evaluate due_executions_sensor in a loop until it finds nothing; report the execution ids."""
     import dagster as dg
 
-    from marketing_pipelines.db.leased_runs import TAG_CLAIMED_BY, take_over_rows
     from marketing_pipelines.db.resources import AppDatabase
-    from marketing_pipelines.executions.queue import EXECUTIONS
     from marketing_pipelines.executions.resources import ExecutionSettings
     from marketing_pipelines.executions.sensors import due_executions_sensor, executions_of_run
 
@@ -52,16 +50,7 @@ def _sensor_worker(db_url: str, start: Any, out: Any) -> None:
         claimed += [i for r in requests or [] for i in executions_of_run(r.run_config)]
         # Each run starts and takes its rows over, as a launched run does: a tick claims only up to
         # BATCH rows still waiting for their runs, so rows never taken over would end the race.
-        for n, request in enumerate(requests or []):
-            take_over_rows(
-                engine,
-                EXECUTIONS,
-                executions_of_run(request.run_config),
-                claimed_by=request.tags[TAG_CLAIMED_BY],
-                run_id=f"{request.tags[TAG_CLAIMED_BY]}-run-{n}",
-                lease_seconds=300,
-                log=lambda _: None,
-            )
+        start_runs(engine, requests or [])
         empty_ticks = 0 if requests else empty_ticks + 1
         # Ticks are never back to back (the daemon spaces them by seconds). Without a pause, SQLite's lock,
         # which is not fair, can go to the same process tick after tick on a busy machine and leave the

@@ -130,7 +130,13 @@ def test_a_tick_claims_only_what_tops_up_the_claims_still_waiting_for_runs(
     settings = ExecutionSettings(batch_size=3, executions_per_run=2)
     first = _tick(db_url, instance, settings)
     assert [executions_of_run(r.run_config) for r in first] == [ids[0:2], ids[2:3]]
-    assert _tick(db_url, instance, settings) == []  # three claimed rows wait for their runs
+    # Three claimed rows wait for their runs; the tick says so rather than "Nothing due".
+    context = dg.build_sensor_context(
+        instance=instance, resources={"app_db": AppDatabase(url=db_url), "execution_settings": settings}
+    )
+    skipped = due_executions_sensor(context)
+    assert isinstance(skipped, dg.SkipReason)
+    assert (skipped.skip_message or "").startswith("Nothing claimed: executions claimed earlier fill the batch (3,")
     assert perform(first[0], db_url, instance, settings=settings).success  # one run took its two over
     [second] = _tick(db_url, instance, settings)
     assert executions_of_run(second.run_config) == ids[3:5]
