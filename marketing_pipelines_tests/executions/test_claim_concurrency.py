@@ -45,6 +45,10 @@ def _sensor_worker(db_url: str, start: Any, out: Any) -> None:
     start.wait()
     while empty_ticks < 3:
         result = due_executions_sensor(context)
+        if isinstance(result, dg.SkipReason) and (result.skip_message or "").startswith("Nothing claimed"):
+            # The other process's claim fills the batch until it has started its runs: not the end.
+            time.sleep(0.002)
+            continue
         requests = result.run_requests if isinstance(result, dg.SensorResult) else []
         # Each claimed row goes into exactly one run of the tick: runs hold disjoint batches.
         claimed += [i for r in requests or [] for i in executions_of_run(r.run_config)]
