@@ -42,7 +42,7 @@ from _measurement_events import campaign_ids, generate_events
 
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.measurement.events import load_events_file
+from marketing_pipelines.measurement.events.files import load_events_file
 
 FIRST_DAY = date(2026, 1, 1)
 DAYS = 30

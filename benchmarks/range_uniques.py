@@ -32,8 +32,8 @@ from _measurement_events import EVENT_TYPES, load_events
 
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.measurement import sketches
-from marketing_pipelines.measurement.report import measurement_report
-from marketing_pipelines.measurement.rollup import replace_rollup_day
+from marketing_pipelines.measurement.report.build import measurement_report
+from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
 
 FIRST_DAY = date(2026, 1, 1)
 STAGE = "signup"

@@ -31,8 +31,10 @@ from _measurement_events import campaign_ids, generate_events, load_events
 
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_event as e
-from marketing_pipelines.measurement.report import MeasurementReport, measurement_report
-from marketing_pipelines.measurement.rollup import day_bounds, replace_rollup_day
+from marketing_pipelines.measurement.report.build import measurement_report
+from marketing_pipelines.measurement.report.model import MeasurementReport
+from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
+from marketing_pipelines.measurement.rollup.event_days import day_bounds
 
 FIRST_DAY = date(2026, 1, 1)
 

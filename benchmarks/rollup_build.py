@@ -34,12 +34,8 @@ from _measurement_events import generate_events, load_events
 
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_event as e
-from marketing_pipelines.measurement.rollup import (
-    day_bounds,
-    first_party_day,
-    partition_transaction,
-    replace_rollup_day,
-)
+from marketing_pipelines.measurement.rollup.daily import first_party_day, partition_transaction, replace_rollup_day
+from marketing_pipelines.measurement.rollup.event_days import day_bounds
 
 DAY = date(2026, 1, 5)
 DUCKDB_QUERY = (

@@ -343,7 +343,7 @@ def test_ui_starts_the_partitions_at_the_first_day_with_events_unless_chosen(
 
     from marketing_pipelines.db.engine import get_engine
     from marketing_pipelines.db.migrate import upgrade
-    from marketing_pipelines.measurement.events import record_events
+    from marketing_pipelines.measurement.events.write import record_events
     from marketing_pipelines_tests.factories import add_campaign
 
     db_url = f"sqlite:///{tmp_path / 'ui.db'}"

@@ -21,10 +21,9 @@ from marketing_pipelines.agents import users
 from marketing_pipelines.agents.queue import cancel_agent_run
 from marketing_pipelines.db.lease import claim_batch
 from marketing_pipelines.executions.queue import EXECUTIONS, cancel_execution, start_attempts
-from marketing_pipelines.measurement.funnel import FunnelStep
-from marketing_pipelines.measurement.report import render
-from marketing_pipelines.measurement.report.model import DailyPoint, MeasurementReport, RangeTotal
-from marketing_pipelines.measurement.rollup import replace_rollup_day
+from marketing_pipelines.measurement.report.model import DailyPoint, FunnelStep, MeasurementReport, RangeTotal
+from marketing_pipelines.measurement.report.rendering import render
+from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
 from marketing_pipelines.redact import spreadsheet_safe, visible_controls
 from marketing_pipelines_tests.test_cli import Cli, cli_for
 

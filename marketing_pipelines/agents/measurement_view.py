@@ -11,7 +11,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from marketing_pipelines.measurement.report import measurement_report
+from marketing_pipelines.measurement.report.build import measurement_report
 
 NO_MEASUREMENT = "no measurement yet"
 

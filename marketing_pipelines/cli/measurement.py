@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import date
+
 import click
 
 from marketing_pipelines.cli.common import FriendlyGroup, emit_rows, engine, json_option, ready_conn, settings
 from marketing_pipelines.db.schema_version import ensure_schema_current
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.redact import visible_controls
 
 
@@ -34,7 +37,8 @@ def events_load(file: str, source: str) -> None:
 
     from tqdm import tqdm
 
-    from marketing_pipelines.measurement.events import file_format, load_events_file, reject_file_label
+    from marketing_pipelines.measurement.events.files import file_format, load_events_file
+    from marketing_pipelines.measurement.events.rejects import reject_file_label
 
     path = Path(file)
     file_format(path)
@@ -89,12 +93,20 @@ def events_rejects(file: str | None, limit: int, as_json: bool) -> None:
     """
     from pathlib import Path
 
-    from marketing_pipelines.measurement.events import list_rejects, reject_file_label
+    from marketing_pipelines.measurement.events.rejects import list_rejects, reject_file_label
 
     label = reject_file_label(Path(file)) if file else None
     with ready_conn() as conn:
         rows = [dict(r) for r in list_rejects(conn, label, limit)]
     emit_rows(rows, ["file", "line_number", "reason", "raw"], as_json)
+
+
+def parse_day(value: str, option: str) -> date:
+    """A day given as ``--from``/``--to``; InvalidInput names the option and the value."""
+    try:
+        return date.fromisoformat(value.strip())
+    except ValueError:
+        raise InvalidInput(f"{option} {value!r} is not a day like 2026-11-26") from None
 
 
 @click.command("report")
@@ -114,7 +126,9 @@ def report_command(campaign_id: str, start: str | None, end: str | None, fmt: st
       marketing-pipelines report --campaign spring-launch --from 2026-11-01 --to 2026-11-30
       marketing-pipelines report --campaign spring-launch --format csv > spring.csv
     """
-    from marketing_pipelines.measurement.report import measurement_report, parse_day, render
+    # Imported here: the other commands need not load the report's reads and sketches.
+    from marketing_pipelines.measurement.report.build import measurement_report
+    from marketing_pipelines.measurement.report.rendering import render
 
     first = parse_day(start, "--from") if start else None
     last = parse_day(end, "--to") if end else None

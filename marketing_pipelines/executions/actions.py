@@ -34,7 +34,6 @@ from marketing_pipelines.settings import Settings, current_settings
 if TYPE_CHECKING:
     import dagster as dg
 
-    from marketing_pipelines.executions.endpoints import Endpoint
     from marketing_pipelines.executions.webhook import WebhookClient
 
 # Headers the action sets itself; a payload may not replace them (Host would also undo the
@@ -71,6 +70,27 @@ class ActionFailed(RuntimeError):
 
 class ActionRefused(ActionFailed):
     """The action may not run at all (e.g. its destination is not allowed): FAILED, not retried."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A registered endpoint opened for sending (``endpoints.open_endpoints``): its URL and its signing secrets."""
+
+    name: str
+    campaign_id: str | None
+    url: str
+    secret: str
+    previous_secret: str | None
+    previous_secret_until: datetime | None
+
+    def secrets_at(self, when: datetime) -> list[str]:
+        """The current secret, and the previous one while its overlap lasts."""
+        if self.previous_secret and self.previous_secret_until and when < self.previous_secret_until:
+            return [self.secret, self.previous_secret]
+        return [self.secret]
+
+    def __repr__(self) -> str:  # a stray log of the object must not print the URL or a secret
+        return f"Endpoint(name={self.name!r}, origin={url_origin(self.url)!r})"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.schema import webhook_endpoint
 from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.executions.actions import InvalidPayload, check_endpoint_name, check_webhook_url
+from marketing_pipelines.executions.actions import Endpoint, InvalidPayload, check_endpoint_name, check_webhook_url
 from marketing_pipelines.executions.signing import new_signing_secret
 from marketing_pipelines.redact import url_origin
 
@@ -38,27 +38,6 @@ class EndpointInfo:
     created_at: datetime
     rotated_at: datetime | None
     previous_secret_until: datetime | None
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """An endpoint opened for sending: its URL and the secrets that may sign."""
-
-    name: str
-    campaign_id: str | None
-    url: str
-    secret: str
-    previous_secret: str | None
-    previous_secret_until: datetime | None
-
-    def secrets_at(self, when: datetime) -> list[str]:
-        """The current secret, and the previous one while its overlap lasts."""
-        if self.previous_secret and self.previous_secret_until and when < self.previous_secret_until:
-            return [self.secret, self.previous_secret]
-        return [self.secret]
-
-    def __repr__(self) -> str:  # a stray log of the object must not print the URL or a secret
-        return f"Endpoint(name={self.name!r}, origin={url_origin(self.url)!r})"
 
 
 def _checked_name(name: str) -> str:

@@ -28,10 +28,11 @@ from marketing_pipelines.executions.actions import (
     ActionContext,
     ActionFailed,
     ActionRefused,
+    Endpoint,
     InvalidPayload,
     get_action,
 )
-from marketing_pipelines.executions.endpoints import Endpoint, endpoint_names, open_endpoints
+from marketing_pipelines.executions.endpoints import endpoint_names, open_endpoints
 from marketing_pipelines.executions.queue import (
     EXECUTIONS,
     attempt_outcome,

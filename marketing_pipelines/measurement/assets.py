@@ -5,8 +5,9 @@ Every asset replaces exactly its partitions' days, so any partition can be re-ru
 a backfill run covers a range of days in one pass (``BackfillPolicy.multi_run``).
 """
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, date, timedelta
+from typing import NamedTuple
 
 import dagster as dg
 import sqlalchemy as sa
@@ -15,13 +16,10 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.http import RateLimited, ServiceError
 from marketing_pipelines.measurement.checks import (
     DOWNLOAD_CHECK_SPECS,
-    DOWNLOADS_KEY,
     FIRST_PARTY_COUNT_MATCHES,
     NO_UNFLAGGED_NEGATIVE_DELTA,
-    ROLLUP_KEY,
     SITE_CHECK_SPECS,
     SITE_COUNTS_CONSISTENT,
-    SITE_KEY,
     UNIQUE_ACTORS_WITHIN_RAW_COUNT,
     check_first_party_count,
     check_no_unflagged_negative_delta,
@@ -30,17 +28,17 @@ from marketing_pipelines.measurement.checks import (
     on_partition,
     rollup_check_specs,
 )
-from marketing_pipelines.measurement.funnel import funnel_markdown
 from marketing_pipelines.measurement.importers.base import Importer
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
-from marketing_pipelines.measurement.importers_db import (
+from marketing_pipelines.measurement.importers.store import (
     campaign_repos,
     import_repo_day,
     replace_site_analytics_day,
 )
-from marketing_pipelines.measurement.rollup import replace_rollup_days
-from marketing_pipelines.measurement.rollup.daily import MAX_SHOWN_COUNTS, RollupSummary
+from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE_KEY
+from marketing_pipelines.measurement.report.rendering import funnel_markdown
+from marketing_pipelines.measurement.rollup.daily import MAX_SHOWN_COUNTS, RollupSummary, replace_rollup_days
 from marketing_pipelines.redact import visible_controls
 from marketing_pipelines.settings import current_settings
 
@@ -152,79 +150,6 @@ ROLLUP_SPEC = dg.AssetSpec(
     # Loading the asset (defs.load_asset_value, a downstream asset) reads the table as a DataFrame.
 ).with_io_manager_key(ROLLUP_IO_MANAGER)
 ROLLUP_CHECK_SPECS = rollup_check_specs(measurement_partitions)
-
-
-# Each importer's asset and its checks, in the order a run imports them.
-IMPORTERS = {
-    SITE_KEY: (SITE_ANALYTICS_SPEC, SITE_CHECK_SPECS),
-    DOWNLOADS_KEY: (RELEASE_DOWNLOADS_SPEC, DOWNLOAD_CHECK_SPECS),
-}
-
-
-def build_measurement_daily(
-    retry_policy: dg.RetryPolicy = IMPORT_RETRY_POLICY, left_out: Mapping[dg.AssetKey, str] | None = None
-) -> dg.AssetsDefinition:
-    """The measurement multi-asset; tests pass a retry policy without delay, deployments keep the default.
-
-    ``left_out``: importers that are not configured, each with what turns it on. They are not in the
-    definitions at all, rather than assets whose every partition stays missing: the catalog shows
-    what this deployment measures, a backfill of every measurement asset succeeds, and the rollup
-    (whose description says what is left out) builds from the sources that are configured.
-    """
-    left_out = dict(left_out or {})
-    importers = [key for key in IMPORTERS if key not in left_out]
-    rollup_spec = ROLLUP_SPEC.replace_attributes(
-        deps=[marketing_event_asset, *importers],
-        description=ROLLUP_SPEC.description
-        + "".join(
-            f"\n\nNot configured, so not in these definitions: `{key.to_user_string()}` ({reason})."
-            for key, reason in left_out.items()
-        ),
-    )
-
-    @dg.multi_asset(
-        name="measurement_daily",
-        specs=[*(IMPORTERS[key][0] for key in importers), rollup_spec],
-        check_specs=[*(spec for key in importers for spec in IMPORTERS[key][1]), *ROLLUP_CHECK_SPECS],
-        partitions_def=measurement_partitions,
-        can_subset=True,
-        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_DAYS_PER_RUN),
-        retry_policy=retry_policy,
-    )
-    def measurement_daily(
-        context: dg.AssetExecutionContext, app_db: AppDatabase, plausible: PlausibleClient, github: GitHubReleasesClient
-    ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output[None]]:
-        """The importers, then the rollup, for the run's days (one, or a backfill run's range).
-
-        One step for the three assets, not three assets, because an asset that materializes nothing (an
-        importer that is not configured) makes Dagster skip every step downstream of it in the run
-        (dagster-io/dagster#9408), and the rollup must still run. Each asset is materialized once per
-        day with that day's metadata, and each day is replaced in its own transaction.
-        """
-        days = partition_days(context)
-        engine = app_db.ready_engine()
-        selected = context.selected_asset_keys
-        failures: list[tuple[dg.AssetKey, dg.Failure]] = []
-        for key, importer in ((SITE_KEY, site_analytics), (DOWNLOADS_KEY, release_downloads)):
-            if key in selected:
-                try:
-                    yield from importer(context, engine, plausible if key == SITE_KEY else github, days)
-                except dg.Failure as exc:
-                    # The other importer still runs; the rollup waits for a run in which both imports succeed.
-                    failures.append((key, exc))
-        if failures:
-            raise dg.Failure(
-                description="; ".join(f"{k.to_user_string()}: {failure.description}" for k, failure in failures),
-                # A step retry re-runs both importers: worth it only if every failure may pass.
-                allow_retries=all(failure.allow_retries for _, failure in failures),
-            )
-        if ROLLUP_KEY in selected:
-            yield from rollup(context, engine, days, left_out)
-
-    return measurement_daily
-
-
-measurement_daily = build_measurement_daily()
 
 
 def _selected(context: dg.AssetExecutionContext, asset: dg.AssetKey, check_name: str) -> bool:
@@ -432,6 +357,95 @@ def _counts_metadata(summary: RollupSummary) -> dict[str, dg.MetadataValue]:
             "the report and the measurement_daily_rollup table hold them all."
         )
     return metadata
+
+
+def _one_failure(failures: Mapping[dg.AssetKey, dg.Failure]) -> dg.Failure:
+    """The importers' failures as the step's one failure, naming each asset."""
+    return dg.Failure(
+        description="; ".join(f"{key.to_user_string()}: {failure.description}" for key, failure in failures.items()),
+        # A step retry re-runs both importers: worth it only if every failure may pass.
+        allow_retries=all(failure.allow_retries for failure in failures.values()),
+    )
+
+
+class ImportStep(NamedTuple):
+    """One importer's asset, its checks, the resource it fetches with and the function that imports days."""
+
+    spec: dg.AssetSpec
+    check_specs: Sequence[dg.AssetCheckSpec]
+    resource_key: str
+    import_days: Callable[..., Iterator[dg.AssetMaterialization | dg.AssetCheckResult]]
+
+
+# In the order a run imports them.
+IMPORTERS = {
+    SITE_KEY: ImportStep(SITE_ANALYTICS_SPEC, SITE_CHECK_SPECS, "plausible", site_analytics),
+    DOWNLOADS_KEY: ImportStep(RELEASE_DOWNLOADS_SPEC, DOWNLOAD_CHECK_SPECS, "github", release_downloads),
+}
+
+
+def build_measurement_daily(
+    retry_policy: dg.RetryPolicy = IMPORT_RETRY_POLICY, left_out: Mapping[dg.AssetKey, str] | None = None
+) -> dg.AssetsDefinition:
+    """The measurement multi-asset; tests pass a retry policy without delay, deployments keep the default.
+
+    ``left_out``: importers that are not configured, each with what turns it on. They are not in the
+    definitions at all, rather than assets whose every partition stays missing: the catalog shows
+    what this deployment measures, a backfill of every measurement asset succeeds, and the rollup
+    (whose description says what is left out) builds from the sources that are configured.
+    """
+    left_out = dict(left_out or {})
+    importers = [key for key in IMPORTERS if key not in left_out]
+    rollup_spec = ROLLUP_SPEC.replace_attributes(
+        deps=[marketing_event_asset, *importers],
+        description=ROLLUP_SPEC.description
+        + "".join(
+            f"\n\nNot configured, so not in these definitions: `{key.to_user_string()}` ({reason})."
+            for key, reason in left_out.items()
+        ),
+    )
+
+    @dg.multi_asset(
+        name="measurement_daily",
+        specs=[*(IMPORTERS[key].spec for key in importers), rollup_spec],
+        check_specs=[*(spec for key in importers for spec in IMPORTERS[key].check_specs), *ROLLUP_CHECK_SPECS],
+        partitions_def=measurement_partitions,
+        can_subset=True,
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_DAYS_PER_RUN),
+        retry_policy=retry_policy,
+    )
+    def measurement_daily(
+        context: dg.AssetExecutionContext, app_db: AppDatabase, plausible: PlausibleClient, github: GitHubReleasesClient
+    ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output[None]]:
+        """The importers, then the rollup, for the run's days (one, or a backfill run's range).
+
+        One step for the three assets, not three assets, because an asset that materializes nothing (an
+        importer that is not configured) makes Dagster skip every step downstream of it in the run
+        (dagster-io/dagster#9408), and the rollup must still run. Each asset is materialized once per
+        day with that day's metadata, and each day is replaced in its own transaction.
+        """
+        days = partition_days(context)
+        engine = app_db.ready_engine()
+        selected = context.selected_asset_keys
+        clients = {"plausible": plausible, "github": github}
+        failures: dict[dg.AssetKey, dg.Failure] = {}
+        for key in importers:
+            if key in selected:
+                step = IMPORTERS[key]
+                try:
+                    yield from step.import_days(context, engine, clients[step.resource_key], days)
+                except dg.Failure as exc:
+                    # The other importer still runs; the rollup waits for a run in which both imports succeed.
+                    failures[key] = exc
+        if failures:
+            raise _one_failure(failures)
+        if ROLLUP_KEY in selected:
+            yield from rollup(context, engine, days, left_out)
+
+    return measurement_daily
+
+
+measurement_daily = build_measurement_daily()
 
 
 measurement_daily_job = dg.define_asset_job(

@@ -24,16 +24,12 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 )
 
 from marketing_pipelines.db.schema import github_release_download_daily, measurement_daily_rollup, site_analytics_daily
-from marketing_pipelines.measurement.rollup import events_per_day, rollup_first_party_per_day
-
-ROLLUP_KEY = dg.AssetKey("measurement_daily_rollup")
-SITE_KEY = dg.AssetKey("site_analytics_daily")
-DOWNLOADS_KEY = dg.AssetKey("github_release_downloads_daily")
+from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE_KEY
+from marketing_pipelines.measurement.rollup.daily import rollup_first_party_per_day
+from marketing_pipelines.measurement.rollup.event_days import events_per_day
 
 FIRST_PARTY_COUNT_MATCHES = "first_party_count_matches_events"
 UNIQUE_ACTORS_WITHIN_RAW_COUNT = "unique_actors_within_raw_count"
-# Evaluated by measurement_freshness_sensor each interval (freshness.py); a rollup run skips its step.
-TODAY_IS_CURRENT_KEY = dg.AssetCheckKey(ROLLUP_KEY, "today_is_current")
 NO_UNFLAGGED_NEGATIVE_DELTA = "no_unflagged_negative_download_delta"
 SITE_COUNTS_CONSISTENT = "site_counts_consistent"
 

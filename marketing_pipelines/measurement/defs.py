@@ -12,10 +12,10 @@ from marketing_pipelines.measurement.assets import (
     measurement_daily_job,
     measurement_rollup_job,
 )
-from marketing_pipelines.measurement.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.freshness import measurement_freshness_sensor, today_is_current
 from marketing_pipelines.measurement.importers.github import TOKEN_ENV, GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import API_KEY_ENV, SITE_ID_ENV, PlausibleClient
+from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.schedules import measurement_daily_schedule
 from marketing_pipelines.measurement.sensors import measurement_late_events_sensor
 from marketing_pipelines.measurement.sources import SOURCES, missing_variables

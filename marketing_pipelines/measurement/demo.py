@@ -21,12 +21,13 @@ from marketing_pipelines.measurement.assets import (
     measurement_daily,
     measurement_partitions,
 )
-from marketing_pipelines.measurement.checks import ROLLUP_KEY
-from marketing_pipelines.measurement.events import record_events
-from marketing_pipelines.measurement.frames import RollupFrameIOManager
+from marketing_pipelines.measurement.events.write import record_events
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
-from marketing_pipelines.measurement.report import measurement_report, render
+from marketing_pipelines.measurement.keys import ROLLUP_KEY
+from marketing_pipelines.measurement.report.build import measurement_report
+from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
+from marketing_pipelines.measurement.report.rendering import render
 
 DEMO_CAMPAIGNS = (
     Campaign("spring-launch", "Spring launch", "ana", utm_campaign="spring26", github_repo="acme/widget"),

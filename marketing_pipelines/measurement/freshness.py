@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.measurement.assets import measurement_partitions
-from marketing_pipelines.measurement.checks import ROLLUP_KEY, TODAY_IS_CURRENT_KEY
+from marketing_pipelines.measurement.keys import ROLLUP_KEY, TODAY_IS_CURRENT_KEY
 from marketing_pipelines.measurement.rollup.event_days import day_bounds
 from marketing_pipelines.measurement.rollup.late import DayBacklog, day_backlog
 from marketing_pipelines.measurement.sensors import DEFAULT_SETTLE_SECONDS, LATE_EVENTS_INTERVAL_SECONDS

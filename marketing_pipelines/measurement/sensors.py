@@ -26,8 +26,9 @@ from marketing_pipelines.measurement.assets import (
     measurement_partitions,
     measurement_rollup_job,
 )
-from marketing_pipelines.measurement.checks import ROLLUP_KEY
-from marketing_pipelines.measurement.rollup import events_per_day, rollup_first_party_per_day
+from marketing_pipelines.measurement.keys import ROLLUP_KEY
+from marketing_pipelines.measurement.rollup.daily import rollup_first_party_per_day
+from marketing_pipelines.measurement.rollup.event_days import events_per_day
 from marketing_pipelines.measurement.rollup.late import day_backlog, days_ingested_against_rollup
 from marketing_pipelines.settings import current_settings
 

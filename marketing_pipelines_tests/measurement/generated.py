@@ -11,8 +11,8 @@ import dagster as dg
 import pandas as pd
 import sqlalchemy as sa
 
-from marketing_pipelines.measurement.checks import ROLLUP_KEY
-from marketing_pipelines.measurement.events import record_events
+from marketing_pipelines.measurement.events.write import record_events
+from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.runs import materialize_measurement
 

@@ -36,10 +36,15 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import metadata
 from marketing_pipelines.demo import run_demo
 from marketing_pipelines.measurement.assets import ROLLUP_IO_MANAGER, measurement_daily
-from marketing_pipelines.measurement.frames import ReportFrames, RollupFrameIOManager, rollup_frame
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
-from marketing_pipelines.measurement.report import measurement_report
+from marketing_pipelines.measurement.report.build import measurement_report
+from marketing_pipelines.measurement.report.frames import (
+    ReportFrames,
+    RollupFrameIOManager,
+    report_frames,
+    rollup_frame,
+)
 from marketing_pipelines.settings import load_settings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ANALYSTS.md"
@@ -217,12 +222,12 @@ def test_cli_line(demo: Demo, command: str) -> None:
 
 @pytest.mark.slow
 def test_the_three_frames_agree_after_the_demo(demo: Demo) -> None:
-    # One campaign and day, three ways: rollup_frame, the report's to_frames() and the asset's load.
+    # One campaign and day, three ways: rollup_frame, the report's frames and the asset's load.
     day = doc_window()[1]
     direct = rollup_frame(demo.engine, campaign_id=CAMPAIGN, start=day, end=day)
     assert not direct.empty
     with demo.engine.connect() as conn:
-        report = measurement_report(conn, CAMPAIGN, day, day).to_frames()
+        report = report_frames(measurement_report(conn, CAMPAIGN, day, day))
     resources = {
         "app_db": AppDatabase(url=demo.url),
         "plausible": PlausibleClient(),
@@ -245,7 +250,7 @@ def test_the_three_frames_agree_after_the_demo(demo: Demo) -> None:
 RUNNER = """
 import pickle, sys
 import pandas as pd
-from marketing_pipelines.measurement.frames import ReportFrames
+from marketing_pipelines.measurement.report.frames import ReportFrames
 source, out = sys.stdin.read(), sys.argv[1]
 namespace = {}
 exec(compile(source, "<docs/ANALYSTS.md block>", "exec"), namespace)

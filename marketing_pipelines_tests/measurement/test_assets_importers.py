@@ -23,17 +23,12 @@ from marketing_pipelines.measurement.assets import (
     build_measurement_daily,
     measurement_daily,
 )
-from marketing_pipelines.measurement.checks import (
-    DOWNLOADS_KEY,
-    ROLLUP_KEY,
-    SITE_COUNTS_CONSISTENT,
-    SITE_KEY,
-    check_no_unflagged_negative_delta,
-)
-from marketing_pipelines.measurement.frames import RollupFrameIOManager
+from marketing_pipelines.measurement.checks import SITE_COUNTS_CONSISTENT, check_no_unflagged_negative_delta
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
-from marketing_pipelines.measurement.importers_db import import_repo_day
+from marketing_pipelines.measurement.importers.store import import_repo_day
+from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE_KEY
+from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.runs import materialize_measurement
 from marketing_pipelines_tests.measurement.test_importers import github_asset, github_release

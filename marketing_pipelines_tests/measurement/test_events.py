@@ -19,23 +19,16 @@ from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import campaign as campaign_table
 from marketing_pipelines.db.schema import marketing_event, marketing_event_reject
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.measurement.events import (
-    COPY_MIN_ROWS,
-    MAX_LINE_BYTES,
-    MAX_PROPERTIES_BYTES,
-    PROGRESS_STEP_BYTES,
-    InvalidEvent,
-    LoadCounts,
-    list_rejects,
-    load_events_file,
-    record_events,
-    reject_file_label,
-)
 from marketing_pipelines.measurement.events import files as events_module
+from marketing_pipelines.measurement.events.files import load_events_file
 from marketing_pipelines.measurement.events.json_text import loads_strict as _loads_strict
+from marketing_pipelines.measurement.events.parse import MAX_LINE_BYTES, PROGRESS_STEP_BYTES
 from marketing_pipelines.measurement.events.parse import jsonl_records as _jsonl_records
 from marketing_pipelines.measurement.events.parse import physical_lines as _physical_lines
+from marketing_pipelines.measurement.events.rejects import list_rejects, reject_file_label
+from marketing_pipelines.measurement.events.validate import MAX_PROPERTIES_BYTES, InvalidEvent
 from marketing_pipelines.measurement.events.validate import validated_row as _validated_row
+from marketing_pipelines.measurement.events.write import COPY_MIN_ROWS, LoadCounts, record_events
 from marketing_pipelines.strict_json import loads_json
 from marketing_pipelines_tests.factories import add_campaign
 

@@ -18,11 +18,16 @@ import sqlalchemy as sa
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import site_analytics_daily
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.measurement.events import record_events
-from marketing_pipelines.measurement.frames import ROLLUP_DTYPES, RollupFrameIOManager, rollup_frame
-from marketing_pipelines.measurement.funnel import MAX_FUNNEL_CAMPAIGNS, funnel_markdown
-from marketing_pipelines.measurement.report import measurement_report
-from marketing_pipelines.measurement.rollup import replace_rollup_day
+from marketing_pipelines.measurement.events.write import record_events
+from marketing_pipelines.measurement.report.build import measurement_report
+from marketing_pipelines.measurement.report.frames import (
+    ROLLUP_DTYPES,
+    RollupFrameIOManager,
+    report_frames,
+    rollup_frame,
+)
+from marketing_pipelines.measurement.report.rendering import MAX_FUNNEL_CAMPAIGNS, funnel_markdown
+from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
 from marketing_pipelines_tests.factories import add_campaign
 
 DAYS = (date(2026, 11, 18), date(2026, 11, 19), date(2026, 11, 20))
@@ -164,10 +169,10 @@ def test_rollup_frame_filters_and_validates(engine: sa.Engine, rolled_up: list[d
         rollup_frame(engine, start=DAYS[2], end=DAYS[0])
 
 
-def test_to_frames_carries_the_reports_values(engine: sa.Engine, rolled_up: list[dict[str, Any]]) -> None:
+def test_report_frames_carry_the_reports_values(engine: sa.Engine, rolled_up: list[dict[str, Any]]) -> None:
     with engine.connect() as conn:
         report = measurement_report(conn, "spring-launch", DAYS[0], DAYS[-1], stage_order=["awareness", "conversion"])
-    frames = report.to_frames()
+    frames = report_frames(report)
 
     assert frames.totals["unique_actors_exact"].dtype == bool
     assert frames.funnel["unique_actors_exact"].dtype == bool
@@ -223,8 +228,8 @@ def test_an_empty_range_gives_empty_frames_with_the_columns(engine: sa.Engine, r
         assert dict(empty.dtypes) == dict(full.dtypes)
 
     with engine.connect() as conn:
-        empty_report = measurement_report(conn, "spring-launch", *later).to_frames()
-        full_report = measurement_report(conn, "spring-launch", DAYS[0], DAYS[-1]).to_frames()
+        empty_report = report_frames(measurement_report(conn, "spring-launch", *later))
+        full_report = report_frames(measurement_report(conn, "spring-launch", DAYS[0], DAYS[-1]))
     for name in ("totals", "daily"):
         empty_frame, full_frame = getattr(empty_report, name), getattr(full_report, name)
         assert empty_frame.empty and not full_frame.empty

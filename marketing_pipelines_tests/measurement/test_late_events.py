@@ -21,11 +21,8 @@ from marketing_pipelines.measurement.assets import (
     measurement_daily,
     measurement_rollup_job,
 )
-from marketing_pipelines.measurement.checks import TODAY_IS_CURRENT_KEY
-from marketing_pipelines.measurement.events import record_events
 from marketing_pipelines.measurement.events.validate import EventRow
-from marketing_pipelines.measurement.events.write import store_events
-from marketing_pipelines.measurement.frames import RollupFrameIOManager
+from marketing_pipelines.measurement.events.write import record_events, store_events
 from marketing_pipelines.measurement.freshness import (
     TODAY_IS_CURRENT,
     build_freshness_sensor,
@@ -35,6 +32,8 @@ from marketing_pipelines.measurement.freshness import (
 )
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
+from marketing_pipelines.measurement.keys import TODAY_IS_CURRENT_KEY
+from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.rollup.late import day_backlog, days_ingested_against_rollup
 from marketing_pipelines.measurement.sensors import (
     LATE_EVENTS_TAG,

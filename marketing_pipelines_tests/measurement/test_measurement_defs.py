@@ -88,9 +88,9 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
 
     from marketing_pipelines.db.resources import AppDatabase
     from marketing_pipelines.measurement.assets import ROLLUP_IO_MANAGER
-    from marketing_pipelines.measurement.frames import RollupFrameIOManager
     from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
     from marketing_pipelines.measurement.importers.plausible import PlausibleClient
+    from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 
     resources = {
         "app_db": AppDatabase(url=db_url),

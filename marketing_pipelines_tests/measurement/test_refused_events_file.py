@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.schema import marketing_event, marketing_event_reject
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.measurement.events import load_events_file
+from marketing_pipelines.measurement.events.files import load_events_file
 from marketing_pipelines_tests.factories import add_campaign
 
 EVENT = {

@@ -21,8 +21,8 @@ from marketing_pipelines.measurement.checks import (
     check_first_party_count,
     check_unique_actors_within_raw_count,
 )
-from marketing_pipelines.measurement.events import record_events
-from marketing_pipelines.measurement.rollup import replace_rollup_day
+from marketing_pipelines.measurement.events.write import record_events
+from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.generated import (
     DAYS,
@@ -200,7 +200,7 @@ def test_count_check_fails_after_a_late_event_and_unique_check_on_a_bad_row(engi
 @pytest.mark.parametrize("day", [DAYS[1]])
 def test_rollup_reads_one_day_through_the_occurred_at_index(engine: sa.Engine, day: date) -> None:
     # Guard against a rewrite that filters with a function on occurred_at, which no index can serve.
-    from marketing_pipelines.measurement.rollup import _in_day
+    from marketing_pipelines.measurement.rollup.daily import _in_day
 
     sql = str(sa.select(marketing_event.c.event_id).where(_in_day(day)).compile(engine))
     assert "marketing_event.occurred_at >=" in sql and "marketing_event.occurred_at <" in sql

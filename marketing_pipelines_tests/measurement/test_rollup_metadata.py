@@ -14,12 +14,9 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.db.engine import is_postgres
-from marketing_pipelines.measurement.checks import (
-    FIRST_PARTY_COUNT_MATCHES,
-    ROLLUP_KEY,
-    UNIQUE_ACTORS_WITHIN_RAW_COUNT,
-)
-from marketing_pipelines.measurement.events import load_events_file
+from marketing_pipelines.measurement.checks import FIRST_PARTY_COUNT_MATCHES, UNIQUE_ACTORS_WITHIN_RAW_COUNT
+from marketing_pipelines.measurement.events.files import load_events_file
+from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.measurement.rollup.daily import MAX_SHOWN_COUNTS
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.generated import DAYS, generated_events, materialize_rollup, seed

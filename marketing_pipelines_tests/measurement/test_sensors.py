@@ -9,7 +9,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.measurement.events import record_events
+from marketing_pipelines.measurement.events.write import record_events
 from marketing_pipelines.measurement.schedules import measurement_daily_schedule
 from marketing_pipelines.measurement.sensors import build_late_events_sensor, measurement_late_events_sensor
 from marketing_pipelines_tests.measurement.generated import DAYS, generated_events, materialize_rollup, seed

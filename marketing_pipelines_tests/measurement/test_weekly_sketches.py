@@ -15,8 +15,10 @@ from marketing_pipelines.cli import main
 from marketing_pipelines.db.schema import measurement_daily_rollup as daily_table
 from marketing_pipelines.db.schema import measurement_weekly_sketch as weekly_table
 from marketing_pipelines.measurement import sketches
-from marketing_pipelines.measurement.report import MeasurementReport, measurement_report
-from marketing_pipelines.measurement.rollup import replace_rollup_day, week_start
+from marketing_pipelines.measurement.report.build import measurement_report
+from marketing_pipelines.measurement.report.model import MeasurementReport
+from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
+from marketing_pipelines.measurement.rollup.weekly import week_start
 from marketing_pipelines_tests.measurement.generated import seed
 
 FIRST = date(2026, 11, 2)  # a Monday: the range holds two whole ISO weeks and three days of a third
@@ -154,8 +156,7 @@ def test_a_stale_weekly_row_is_ignored_until_its_week_is_refreshed(
 def test_plan_uses_fresh_weeks_and_the_days_of_every_other_week(engine: sa.Engine, built: list[dict[str, Any]]) -> None:
     from dataclasses import replace
 
-    from marketing_pipelines.measurement.report.queries import read_days
-    from marketing_pipelines.measurement.report.sketch_plan import plan_sketches
+    from marketing_pipelines.measurement.report.reads import plan_sketches, read_days
 
     key = ("first_party", "awareness", "page_view")
     with engine.connect() as conn:
@@ -178,7 +179,7 @@ def test_plan_uses_fresh_weeks_and_the_days_of_every_other_week(engine: sa.Engin
 
 
 def test_fingerprint_is_recomputed_from_the_daily_rows(engine: sa.Engine, built: list[dict[str, Any]]) -> None:
-    from marketing_pipelines.measurement.report.queries import fresh_weekly_sketches, read_days
+    from marketing_pipelines.measurement.report.reads import fresh_weekly_sketches, read_days
 
     def fresh(conn: sa.Connection, start: date, end: date) -> set[tuple[date, tuple[str, str, str]]]:
         _, ranges = read_days(conn, "alpha", start, end)
@@ -235,7 +236,7 @@ def test_days_of_one_week_rolled_up_at_once_leave_a_fresh_week(database: str, re
     import multiprocessing as mp
 
     from marketing_pipelines.db.engine import get_engine
-    from marketing_pipelines.measurement.report.queries import fresh_weekly_sketches, read_days
+    from marketing_pipelines.measurement.report.reads import fresh_weekly_sketches, read_days
 
     db_url = request.getfixturevalue("sqlite_url" if database == "sqlite" else "pg_url")
     engine = get_engine(db_url)

@@ -1,4 +1,8 @@
-"""``measurement_report``: one campaign's totals, daily series and funnel over a range, from the report's reads."""
+"""``measurement_report``: one campaign's totals, daily series and funnel over a range, from the report's reads.
+
+``funnel_steps`` sizes the first-party stages of a range (the report) or of one day (the rollup asset's
+``rendering.funnel_markdown``).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +14,9 @@ import sqlalchemy as sa
 from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.measurement import sketches
-from marketing_pipelines.measurement.funnel import funnel_steps
-from marketing_pipelines.measurement.range_sums import Key, KeyRange, Sketch, range_uniques
-from marketing_pipelines.measurement.report.model import MeasurementReport, RangeTotal
-from marketing_pipelines.measurement.report.queries import range_sketches, read_days
-from marketing_pipelines.measurement.rollup import FIRST_PARTY
+from marketing_pipelines.measurement.report.model import FunnelStep, MeasurementReport, RangeTotal
+from marketing_pipelines.measurement.report.reads import Key, KeyRange, Sketch, range_sketches, read_days
+from marketing_pipelines.measurement.rollup.daily import FIRST_PARTY
 
 
 def measurement_report(
@@ -53,3 +55,55 @@ def measurement_report(
 def _range_total(key: Key, kr: KeyRange, union: Sketch | None) -> RangeTotal:
     unique, exact = range_uniques(kr.days, kr.last_unique, union)
     return RangeTotal(*key, raw_count=kr.raw_count, unique_actors=unique, unique_actors_exact=exact)
+
+
+def range_uniques(days: int, last_unique: int | None, union: Sketch | None) -> tuple[int | None, bool]:
+    """(unique actors, exact) over ``days`` days: the day's own count for one day, else the union's estimate."""
+    if union is None:
+        return None, False
+    if days == 1:
+        return last_unique, True
+    return sketches.estimate(union), False
+
+
+def funnel_steps(
+    stages: dict[str, list[Key]],
+    ranges: dict[Key, KeyRange],
+    unions: dict[Key, Sketch | None],
+    stage_order: list[str] | None,
+) -> tuple[FunnelStep, ...]:
+    """The funnel of ``stages`` (stage: its keys), in ``stage_order`` or by unique actors, largest first.
+
+    A stage with several keys takes the union of their sketches; a key without a sketch leaves the stage's
+    uniques unknown, given as 0 and not exact.
+    """
+    sized: dict[str, tuple[int, bool, int]] = {}
+    for stage, keys in stages.items():
+        parts = [unions[key] for key in keys]
+        union = None if any(p is None for p in parts) else sketches.union_of(p for p in parts if p is not None)
+        days = sum(ranges[key].days for key in keys)
+        unique, exact = range_uniques(days, ranges[keys[0]].last_unique, union)
+        sized[stage] = (unique or 0, exact, sum(ranges[key].raw_count for key in keys))
+    order = stage_order or sorted(sized, key=lambda s: (-sized[s][0], -sized[s][2], s))
+    steps: list[FunnelStep] = []
+    for stage in order:
+        unique, exact, raw = sized.get(stage, (0, True, 0))
+        first = steps[0].unique_actors if steps else None
+        previous = steps[-1].unique_actors if steps else None
+        steps.append(
+            FunnelStep(
+                stage=stage,
+                unique_actors=unique,
+                unique_actors_exact=exact,
+                raw_count=raw,
+                from_previous=_ratio(unique, previous),
+                from_first=_ratio(unique, first),
+            )
+        )
+    return tuple(steps)
+
+
+def _ratio(part: int, whole: int | None) -> float | None:
+    if whole is None or whole == 0:
+        return None
+    return round(part / whole, 4)

@@ -1,15 +1,29 @@
-"""What a measurement report holds: totals over the range, the daily series and the funnel."""
+"""What a measurement report holds: totals over the range, the daily series and the funnel.
+
+Plain values: ``reads`` and ``build`` make them, ``rendering`` (text) and ``frames`` (pandas) show them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from marketing_pipelines.measurement.funnel import FunnelStep
 
-if TYPE_CHECKING:
-    from marketing_pipelines.measurement.frames import ReportFrames
+@dataclass(frozen=True)
+class FunnelStep:
+    """Distinct actors of one first-party stage over the range, and the ratio to the previous and first step.
+
+    Stage sizes, not a cohort: an actor counts in every stage they reached, whether or not they
+    were seen in the previous one (following actors across stages needs the raw events).
+    """
+
+    stage: str
+    unique_actors: int
+    unique_actors_exact: bool
+    raw_count: int
+    from_previous: float | None
+    from_first: float | None
 
 
 @dataclass(frozen=True)
@@ -47,10 +61,3 @@ class MeasurementReport:
     totals: tuple[RangeTotal, ...]
     daily: tuple[DailyPoint, ...]
     funnel: tuple[FunnelStep, ...]
-
-    def to_frames(self) -> ReportFrames:
-        """The totals, daily points and funnel as pandas DataFrames (measurement/frames.py has the dtypes)."""
-        # Imported here: the CLI's report need not load pandas.
-        from marketing_pipelines.measurement.frames import report_frames
-
-        return report_frames(self)

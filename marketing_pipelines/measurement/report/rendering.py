@@ -1,17 +1,32 @@
-"""The report as text: a table for the terminal, one CSV with a section column, or JSON."""
+"""The report as text: a table for the terminal, one CSV with a section column, or JSON; one day's funnel as Markdown.
+
+Unique actors show ``~`` before an estimate and funnel ratios as percentages, alike in every form.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+from collections import defaultdict
 from dataclasses import asdict, replace
+from datetime import date
 from typing import Any
 
+import sqlalchemy as sa
+
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.measurement.funnel import format_pct, format_unique
+from marketing_pipelines.measurement import sketches
+from marketing_pipelines.measurement.report.build import funnel_steps
 from marketing_pipelines.measurement.report.model import MeasurementReport
-from marketing_pipelines.measurement.rollup import FIRST_PARTY
+from marketing_pipelines.measurement.report.reads import (
+    Key,
+    KeyRange,
+    Sketch,
+    first_party_events_by_campaign,
+    first_party_rows_by_campaign,
+)
+from marketing_pipelines.measurement.rollup.daily import FIRST_PARTY
 from marketing_pipelines.redact import spreadsheet_safe, visible_controls
 
 FORMATS = ("table", "csv", "json")
@@ -120,3 +135,76 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
         "  ".join(c.rjust(widths[i]) if i in numeric else c.ljust(widths[i]) for i, c in enumerate(row)).rstrip()
         for row in cells
     ]
+
+
+def format_unique(value: int | None, exact: bool) -> str:
+    """Unique actors as shown: ``~`` before an estimate, ``unknown`` when there is no sketch."""
+    if value is None:
+        return "unknown"
+    return str(value) if exact else f"~{value}"
+
+
+def format_pct(value: float | None) -> str:
+    """A funnel ratio as a percentage with one decimal, ``-`` when there is none."""
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+# --- the day's funnel as Markdown ------------------------------------------------------------------------
+
+# funnel_markdown lists the largest campaigns of the day; metadata stays readable and small.
+MAX_FUNNEL_CAMPAIGNS = 50
+
+
+def funnel_markdown(conn: sa.Connection, day: date) -> str:
+    """The first-party funnel of every campaign on one UTC day, as a Markdown table for ``dg.MetadataValue.md``.
+
+    Computed from the day's rollup rows with the report's own funnel (``funnel_steps``: stage sizes, stages by
+    unique actors, largest first). A stage with several event types takes the union of their sketches,
+    marked ``~`` as an estimate. At most MAX_FUNNEL_CAMPAIGNS campaigns, those with the most events first;
+    the rest are counted in one closing line.
+    """
+    events = first_party_events_by_campaign(conn, day)
+    if not events:
+        return f"No first-party rollup rows on {day} (UTC)."
+    ranked = sorted(events, key=lambda cid: (-events[cid], cid))
+    shown, rest = ranked[:MAX_FUNNEL_CAMPAIGNS], ranked[MAX_FUNNEL_CAMPAIGNS:]
+    by_campaign = first_party_rows_by_campaign(conn, day, shown)
+
+    lines = [
+        f"**First-party funnel of {day} (UTC)**: {len(events)} campaigns, most events first; "
+        "`~` marks unique actors estimated from HLL sketches.",
+        "",
+        "| campaign | stage | events | unique actors | from previous stage |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for campaign_id in shown:
+        ranges: dict[Key, KeyRange] = {}
+        unions: dict[Key, Sketch | None] = {}
+        stages: dict[str, list[Key]] = defaultdict(list)
+        for row in by_campaign[campaign_id]:
+            key = (FIRST_PARTY, row.stage, row.event_type)
+            unknown = row.unique_actors is None
+            ranges[key] = KeyRange(raw_count=row.raw_count, days=1, last_unique=row.unique_actors, unknown=unknown)
+            unions[key] = None if unknown else sketches.merge([row.actors_hll])
+            stages[row.stage].append(key)
+        for step in funnel_steps(stages, ranges, unions, None):
+            cells = [
+                _md_cell(campaign_id),
+                _md_cell(step.stage),
+                str(step.raw_count),
+                format_unique(step.unique_actors, step.unique_actors_exact),
+                format_pct(step.from_previous),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    if rest:
+        lines += ["", f"… and {len(rest)} more campaigns ({sum(events[cid] for cid in rest)} events)."]
+    return "\n".join(lines)
+
+
+_MARKDOWN_SPECIAL = str.maketrans({c: f"\\{c}" for c in "\\|`*_[]<>#~"})
+
+
+def _md_cell(text: str) -> str:
+    # Stage names come from event files: keep them from breaking the table or adding markup, and their
+    # control characters visible (written \\xNN before the escaping, so the backslash shows too).
+    return visible_controls(" ".join(text.split())).translate(_MARKDOWN_SPECIAL)

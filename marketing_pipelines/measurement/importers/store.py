@@ -1,4 +1,7 @@
-"""Writes the importers' rows to the database (importers/ holds only their HTTP clients), one partition day at a time.
+"""Writes what the importers fetch to the database, one partition day at a time.
+
+The clients beside this module (``plausible``, ``github``) only speak HTTP: an import-linter contract keeps
+them off the database, so this is the one module of importers/ that writes.
 
 Each function replaces exactly one day (and, for GitHub, one repository) in one transaction, so
 re-running a partition rewrites it instead of adding to it.

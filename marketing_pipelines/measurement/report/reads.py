@@ -1,23 +1,98 @@
-"""The report's reads: the daily rows of a range summed per key, the fresh weekly sketches, the stale weeks' days.
+"""The report's reads from ``measurement_daily_rollup`` and ``measurement_weekly_sketch``, and what they fill.
 
-At most three statements whatever the range: the daily rows (with the sketches of the days outside
+A range is read in at most three statements: the daily rows (with the sketches of the days outside
 whole weeks), the weekly sketches, and only when some week is stale the daily sketches of that week.
+A key is one (source, stage, event type); the daily rows are summed per key into a ``KeyRange`` while
+they are read, with each whole week's fingerprint (``WeekSums``), and ``plan_sketches`` chooses which
+weekly or daily sketches make up each key's range union. The rollup asset's day funnel reads one day's
+rows here too (``first_party_rows_by_campaign``).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Container, Sequence
+from dataclasses import dataclass, field
 from datetime import date, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
 from marketing_pipelines.db.fetch import fetch_tuples
 from marketing_pipelines.db.schema import measurement_daily_rollup, measurement_weekly_sketch
-from marketing_pipelines.measurement.range_sums import Blob, Key, KeyRange, WeekSums
-from marketing_pipelines.measurement.report.dates import whole_week_span
+from marketing_pipelines.measurement import sketches
 from marketing_pipelines.measurement.report.model import DailyPoint
-from marketing_pipelines.measurement.report.sketch_plan import plan_sketches
-from marketing_pipelines.measurement.rollup import week_start
+from marketing_pipelines.measurement.rollup.daily import FIRST_PARTY
+from marketing_pipelines.measurement.rollup.weekly import week_start
+
+Key = tuple[str, str, str]  # source, stage, event_type
+Sketch = sketches.datasketches.hll_sketch
+Blob = bytes | memoryview  # psycopg2 returns bytea as a memoryview
+
+
+@dataclass(slots=True)
+class WeekSums:
+    """One key's daily rows of one whole week as they stand now: the fingerprint its weekly row must match."""
+
+    rows: int
+    raw_count: int
+    rolled_up_at: Any  # latest, as ``instant_sql`` reads it
+    days: list[date]
+
+    def matches(self, days: int, raw_count: int, daily_rolled_up_at: Any) -> bool:
+        """Whether a weekly row built from (days, raw_count, daily_rolled_up_at) still holds these days."""
+        return self.rows == days and self.raw_count == raw_count and self.rolled_up_at == daily_rolled_up_at
+
+
+@dataclass(slots=True)
+class KeyRange:
+    """One key's daily rows over the range, summed while they are read."""
+
+    raw_count: int = 0
+    days: int = 0
+    last_unique: int | None = None  # the uniques of the latest day: exact for the range when days == 1
+    unknown: bool = False  # some day's uniques are unknown (no sketch), so the range's are too
+    edge_sketches: list[Blob | None] = field(default_factory=list)  # days outside the range's whole weeks
+    weeks: dict[date, WeekSums] = field(default_factory=dict)  # by Monday, whole weeks only
+
+
+def whole_week_span(start: date | None, end: date | None) -> tuple[date | None, date | None]:
+    """The first Monday and last Sunday of the whole ISO weeks in [start, end] (None: unbounded)."""
+    first = start + timedelta(days=(7 - start.weekday()) % 7) if start else None
+    last = end - timedelta(days=(end.weekday() + 1) % 7) if end else None
+    return first, last
+
+
+# --- which sketches make up a range's union ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SketchPlan:
+    """Which sketches make up each key's range union: weekly rows where they are whole and fresh, else daily rows."""
+
+    weeks: dict[Key, list[date]]  # week_start of each weekly sketch to use
+    days: dict[Key, list[date]]  # days (inside whole weeks) whose daily sketch to use
+
+
+def plan_sketches(ranges: dict[Key, KeyRange], fresh_weeks: Container[tuple[date, Key]]) -> SketchPlan:
+    """Use a week's weekly sketch where ``fresh_weeks`` has it, the daily sketches of every other week's days.
+
+    Edge days (outside whole weeks) are not planned: their sketches came with the daily rows.
+    """
+    weeks: dict[Key, list[date]] = {}
+    days: dict[Key, list[date]] = {}
+    for key, kr in ranges.items():
+        if kr.unknown:
+            continue  # the union is unknown anyway; no sketch is read
+        for monday, week in kr.weeks.items():
+            if (monday, key) in fresh_weeks:
+                weeks.setdefault(key, []).append(monday)
+            else:
+                days.setdefault(key, []).extend(week.days)
+    return SketchPlan(weeks=weeks, days=days)
+
+
+# --- the statements ---------------------------------------------------------------------------------------
 
 
 def instant_sql(column: sa.ColumnElement[Any], dialect: sa.Dialect) -> sa.ColumnElement[Any]:
@@ -153,3 +228,40 @@ def range_sketches(
             if (day, key) in stale:
                 parts[key].append(actors_hll)
     return parts
+
+
+# --- one day's first-party rows, for the rollup asset's funnel ----------------------------------------------
+
+
+def first_party_events_by_campaign(conn: sa.Connection, day: date) -> dict[str, int]:
+    """First-party events per campaign on ``day``, from the rollup (no sketches read)."""
+    r = measurement_daily_rollup
+    query = (
+        sa.select(r.c.campaign_id, sa.func.sum(r.c.raw_count))
+        .where(r.c.day == day, r.c.source == FIRST_PARTY)
+        .group_by(r.c.campaign_id)
+    )
+    return {campaign_id: int(events) for campaign_id, events in conn.execute(query)}
+
+
+class FunnelRow(NamedTuple):
+    """One first-party rollup row of a day, as the funnel needs it."""
+
+    stage: str
+    event_type: str
+    raw_count: int
+    unique_actors: int | None
+    actors_hll: bytes | memoryview | None  # psycopg2 returns bytea as a memoryview
+
+
+def first_party_rows_by_campaign(
+    conn: sa.Connection, day: date, campaign_ids: Sequence[str]
+) -> dict[str, list[FunnelRow]]:
+    """These campaigns' first-party rollup rows of ``day``, with their sketches."""
+    r = measurement_daily_rollup
+    query = sa.select(r.c.campaign_id, r.c.stage, r.c.event_type, r.c.raw_count, r.c.unique_actors, r.c.actors_hll)
+    query = query.where(r.c.day == day, r.c.source == FIRST_PARTY, r.c.campaign_id.in_(list(campaign_ids)))
+    rows: dict[str, list[FunnelRow]] = defaultdict(list)
+    for campaign_id, *fields in conn.execute(query):
+        rows[campaign_id].append(FunnelRow(*fields))
+    return rows

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dagster as dg
 import pandas as pd
@@ -33,11 +33,8 @@ from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import measurement_daily_rollup
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.measurement.report.model import MeasurementReport
 from marketing_pipelines.settings import shown_in_ui
-
-if TYPE_CHECKING:
-    # Only annotated: loading the DataFrames (as the IO manager does) need not load the report.
-    from marketing_pipelines.measurement.report import MeasurementReport
 
 DAY = "datetime64[ns]"
 INSTANT = "datetime64[ns, UTC]"
@@ -127,7 +124,7 @@ def rollup_frame(
     Filters combine: a campaign (an unknown one raises InvalidInput, as the report does), the
     inclusive range [start, end], and a set of ``days``. Sorted by day, campaign, source, stage and
     event type, by code point on both databases (pandas sorts, not the server's collation). No sketch
-    bytes: unique actors over several days come from ``measurement_report(...).to_frames()``.
+    bytes: unique actors over several days come from ``report_frames(measurement_report(...))``.
     """
     if start is not None and end is not None and start > end:
         raise InvalidInput(f"start {start} is after end {end}")
