@@ -12,8 +12,8 @@ from marketing_pipelines.measurement import defs as measurement
 from marketing_pipelines.monitoring import defs as monitoring
 
 # Dagster 1.13.27 re-creates every sensor that targets a job while attaching resources and passes
-# owners=None along, which warns "owners is beta" on each load (17 times in 17 minutes of `dagster
-# dev`). No sensor here sets owners; the warning says nothing to whoever reads the log.
+# owners=None along, which warns "owners is beta" on every load of the code. No sensor here sets
+# owners; the warning says nothing to whoever reads the log.
 warnings.filterwarnings(
     "ignore", message=r"Parameter `owners` of initializer `SensorDefinition.__init__`", category=dg.BetaWarning
 )

@@ -3,7 +3,7 @@
 `load_settings()` reads the environment once per process (pydantic-settings) and validates as it
 reads: a bad value fails with one line naming the variable, the value and what is expected, never
 later as a confusing runtime error. The domains' ``defs`` turn these values into the config of their
-resources (`ExecutionSettings`, `AgentSettings`, `WebhookClient`, `ModelGateway`), so every value in
+resources (`ExecutionSettings`, `AgentSettings`, `WebhookClient`), so every value in
 force shows under its resource in the Dagster UI, and a test sets a value by building the resource.
 
 Only the values that shape definitions rather than runs are read when the code loads, and they show
@@ -103,7 +103,10 @@ class Settings(BaseSettings):
         300,
         ge=5,
         le=86_400,
-        description="Lease on a claimed agent run beyond its max_run_seconds (queue wait + start-up).",
+        description=(
+            "Agent-run lease: at the claim this plus the run's max_run_seconds (Dagster's queue and start-up); "
+            "in the run this, renewed every third."
+        ),
     )
     agent_max_run_seconds: int = Field(300, ge=1, le=86_400, description="Default time limit of one agent run.")
     model_provider: str = Field("offline", description="Model provider for agents: offline, anthropic or openai.")

@@ -124,8 +124,8 @@ def insert_ignoring_conflicts(conn: sa.Connection, table: sa.Table, *index_eleme
     One statement instead of a read then an insert, so concurrent writers of the same key do not
     collide on the unique constraint. ``index_elements`` names the conflict target when needed.
     """
-    # The dialect's own module, loaded here: importing SQLAlchemy's PostgreSQL dialect at the top cost
-    # every command-line call on SQLite about 40 ms of its 0.5 s budget (benchmarks/cli_latency.py).
+    # The dialect's own module, loaded here: at the top, SQLAlchemy's PostgreSQL dialect would load in
+    # every command-line call on SQLite too (the start-up budget: docs/PERFORMANCE.md, section 11).
     from sqlalchemy.dialects import postgresql, sqlite
 
     dialect_insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert

@@ -157,7 +157,8 @@ def open_endpoints(conn: sa.Connection, keys_text: str | None, names: set[str]) 
     """The named endpoints opened for sending; a name that cannot be used maps to the one-line reason."""
     if not names:
         return {}
-    # Deferred: cryptography costs scheduling (which imports this module for require_endpoint) 60 ms.
+    # Deferred: scheduling imports this module (require_endpoint) and opens no endpoint, so it need not
+    # load cryptography.
     from marketing_pipelines.sealing import SealingError, SecretBox
 
     t = webhook_endpoint

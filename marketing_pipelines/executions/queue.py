@@ -182,9 +182,8 @@ def start_attempts(conn: sa.Connection, rows: Sequence[Mapping[str, Any]], run_i
     a = marketing_execution_attempt
     now = datetime.now(UTC)
     if conn.dialect.name == "postgresql":
-        # One statement over two arrays: as executemany, psycopg2 sent one INSERT per row (1,000 round
-        # trips for a batch), and a 1,000-row VALUES list took SQLAlchemy longer to compile than to run
-        # (benchmarks/per_execution.py).
+        # One statement over two arrays: executemany would send one INSERT per row (a round trip
+        # each), and a VALUES list as long as the batch takes SQLAlchemy longer to compile than to run.
         ids, attempts = [r["id"] for r in rows], [r["attempts"] for r in rows]
         conn.execute(_start_attempts_pg(), {"ids": ids, "attempts": attempts, "run_id": run_id, "now": now})
         return

@@ -41,8 +41,8 @@ class RangeTotal:
 class DailyPoint(NamedTuple):
     """One (day, source, stage, event type) as rolled up; its unique_actors is exact.
 
-    A named tuple, not a frozen dataclass: a 90-day series of a busy campaign has thousands of
-    points, and a frozen dataclass costs ten times as much to build (docs/PERFORMANCE.md).
+    A named tuple, not a frozen dataclass: a long series of a busy campaign has thousands of
+    points, and a frozen dataclass is several times costlier to build.
     """
 
     day: date
