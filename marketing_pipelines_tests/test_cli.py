@@ -2,34 +2,17 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import uuid
-from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import click
 import pytest
 import sqlalchemy as sa
-from click.testing import CliRunner, Result
 
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.engine import get_engine
-
-Cli = Callable[..., Result]
-
-
-def invoke(env: Mapping[str, str], *args: str) -> Result:
-    """The command as a user runs it, with ``env`` as its MARKETING_* environment (Click's own isolation)."""
-    return CliRunner(env=dict(env)).invoke(main, list(args), catch_exceptions=False)
-
-
-def run(*args: str) -> Result:
-    return invoke({}, *args)
-
-
-def cli_for(url: str, **env: str) -> Cli:
-    return functools.partial(invoke, {"MARKETING_DATABASE_URL": url, **env})
+from marketing_pipelines_tests.cli_runner import Cli, cli_for, invoke, run
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.http import ServiceError
 from marketing_pipelines.strict_json import MAX_JSON_DEPTH, check_depth, loads_json
-from marketing_pipelines_tests.agents.test_providers import (
+from marketing_pipelines_tests.agents.fake_models import (
     COUNT_SIGNUPS,
     SYSTEM,
     Script,
@@ -33,8 +33,8 @@ from marketing_pipelines_tests.agents.test_providers import (
     scripted_anthropic,
     scripted_openai,
 )
+from marketing_pipelines_tests.cli_runner import cli_for
 from marketing_pipelines_tests.factories import add_campaign
-from marketing_pipelines_tests.test_cli import cli_for
 
 HOSTILE = "[" * 100_000  # RecursionError in json.loads, whatever the stack
 TOO_DEEP = "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)  # parses without error, yet too deep

@@ -38,9 +38,9 @@ from marketing_pipelines.monitoring.alert_sensor import run_failures_after
 from marketing_pipelines.monitoring.alerts import Alert, describe_failed_runs, format_alert
 from marketing_pipelines.redact import error_text, redact_text, redact_url, redact_urls, redact_value
 from marketing_pipelines.settings import SettingsError
+from marketing_pipelines_tests.cli_runner import cli_for
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
-from marketing_pipelines_tests.test_cli import cli_for
 from marketing_pipelines_tests.webserver import Received, Recorder, webhook_server
 
 USERINFO_SECRET = "PW_SECRET_1"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable
@@ -16,19 +15,16 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.display import code_block, transcript_markdown
-from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.models import ModelGateway
-from marketing_pipelines.agents.providers.anthropic import AnthropicModel
-from marketing_pipelines.agents.providers.types import ModelProvider
 from marketing_pipelines.agents.queue import AGENT_RUNS, cancel_agent_run, get_agent_run, request_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.lease import LOST_ATTEMPTS_ERROR, MAX_LOST_ATTEMPTS, recover_expired
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run
+from marketing_pipelines_tests.agents.fake_models import anthropic_gateway, text_turn, tool_turn
+from marketing_pipelines_tests.agents.runs import output_metadata, run_one
 from marketing_pipelines_tests.factories import add_campaign
-
-Answer = Callable[[int, dict[str, Any]], httpx.Response]
 
 INJECTED = (
     "Headline: Spring!\n"
@@ -49,47 +45,6 @@ def people(engine: sa.Engine) -> sa.Engine:
     return engine
 
 
-def _message(content: list[dict[str, Any]], stop_reason: str) -> dict[str, Any]:
-    return {
-        "id": "msg_01",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-sonnet-4-5",
-        "content": content,
-        "stop_reason": stop_reason,
-        "stop_sequence": None,
-        "usage": {"input_tokens": 10, "output_tokens": 5},
-    }
-
-
-def text_turn(text: str) -> httpx.Response:
-    return httpx.Response(200, json=_message([{"type": "text", "text": text}], "end_turn"))
-
-
-def tool_turn(text: str, tool: str, arguments: dict[str, Any], call_id: str = "toolu_01") -> httpx.Response:
-    content = [{"type": "text", "text": text}, {"type": "tool_use", "id": call_id, "name": tool, "input": arguments}]
-    return httpx.Response(200, json=_message(content, "tool_use"))
-
-
-def anthropic_gateway(answer: Answer) -> ModelGateway:
-    """The real Anthropic provider, its HTTP answered by ``answer(call number, request body)``."""
-    calls = [0]
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        calls[0] += 1
-        return answer(calls[0], json.loads(request.content))
-
-    class Mocked(AnthropicModel):
-        def _client(self) -> httpx.Client:
-            return httpx.Client(base_url=self.base_url, transport=httpx.MockTransport(handle))
-
-    class Gateway(ModelGateway):
-        def provider(self, name: str) -> ModelProvider:
-            return Mocked(api_key="test-key")
-
-    return Gateway()
-
-
 def _request(engine: sa.Engine, **kw: Any) -> int:
     args: dict[str, Any] = {
         "agent": "campaign_brief",
@@ -102,30 +57,6 @@ def _request(engine: sa.Engine, **kw: Any) -> int:
     args.update(kw)
     with engine.begin() as conn:
         return request_agent_run(conn, **args)
-
-
-def _run_one(
-    db_url: str, instance: dg.DagsterInstance, models: ModelGateway, settings: AgentSettings | None = None
-) -> dg.ExecuteInProcessResult:
-    settings = settings or AgentSettings()
-    context = dg.build_sensor_context(
-        instance=instance, resources={"app_db": AppDatabase(url=db_url), "agent_settings": settings}
-    )
-    result = queued_agent_runs_sensor(context)
-    assert isinstance(result, dg.SensorResult)
-    [request] = result.run_requests or []
-    return agent_run_job.execute_in_process(
-        run_config=request.run_config,
-        tags=request.tags,
-        instance=instance,
-        resources={"app_db": AppDatabase(url=db_url), "models": models, "agent_settings": settings},
-        raise_on_error=False,
-    )
-
-
-def _output_metadata(result: dg.ExecuteInProcessResult) -> dict[str, Any]:
-    [output] = [e for e in result.events_for_node("run_agent") if e.is_successful_output]
-    return {k: v.value for k, v in output.step_output_data.metadata.items()}
 
 
 def _failure(result: dg.ExecuteInProcessResult) -> tuple[str, dict[str, Any]]:
@@ -170,9 +101,9 @@ def test_a_succeeded_run_shows_its_output_and_transcript_neutralised(
             )
         return text_turn(INJECTED)
 
-    result = _run_one(db_url, instance, anthropic_gateway(answer))
+    result = run_one(db_url, instance, anthropic_gateway(answer))
     assert result.success and _row(people, run_id)["status"] == "SUCCEEDED"
-    metadata = _output_metadata(result)
+    metadata = output_metadata(result)
     output, summary = metadata["output"], metadata["transcript"]
     for shown in (output, summary):
         # Whatever the model wrote is inside code blocks: nothing it wrote is rendered as a link,
@@ -195,7 +126,7 @@ def test_a_failed_run_carries_its_transcript_with_refusals_marked(
         # Never a final answer: only calls of a tool this agent does not have, until the step limit.
         return tool_turn(f"turn {call}", "send_email", {"to": "all"}, call_id=f"toolu_{call}")
 
-    result = _run_one(db_url, instance, anthropic_gateway(answer))
+    result = run_one(db_url, instance, anthropic_gateway(answer))
     assert not result.success
     row = _row(people, run_id)
     assert row["status"] == "FAILED" and "step limit" in row["error"]
@@ -212,7 +143,7 @@ def test_a_provider_not_configured_where_the_run_executes_fails_once_naming_the_
 ) -> None:
     # Configured where the request was made, not in the code location: ModelGateway() holds no key.
     run_id = _request(people, max_attempts=3)
-    result = _run_one(db_url, instance, ModelGateway())
+    result = run_one(db_url, instance, ModelGateway())
     assert not result.success
     row = _row(people, run_id)
     assert (row["status"], row["attempts"], row["max_attempts"]) == ("FAILED", 1, 3)
@@ -279,7 +210,7 @@ def test_a_run_that_loses_its_lease_fails_when_its_agent_run_ended_failed(
         return tool_turn("Reading the campaign.", "read_campaign", {"campaign_id": "spring-launch"})
 
     # The shortest lease: the keeper renews (and finds the loss) every 5/3 seconds.
-    result = _run_one(db_url, instance, anthropic_gateway(answer), AgentSettings(lease_grace_seconds=5))
+    result = run_one(db_url, instance, anthropic_gateway(answer), AgentSettings(lease_grace_seconds=5))
     assert _row(people, run_id)["status"] == status
     assert result.success is success
     said = f"it is {status} now and this run recorded nothing"

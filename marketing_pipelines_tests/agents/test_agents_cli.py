@@ -7,8 +7,8 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
 from marketing_pipelines.db.schema import agent_run
+from marketing_pipelines_tests.cli_runner import Cli, cli_for
 from marketing_pipelines_tests.factories import add_campaign
-from marketing_pipelines_tests.test_cli import Cli, cli_for
 
 REQUEST = ("agents", "request", "--agent", "campaign_brief", "--input", '{"stage": "launch"}')
 

@@ -27,13 +27,8 @@ from marketing_pipelines.agents.queue import (
 from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines_tests.agents.test_agent_run_metadata import (
-    _output_metadata,
-    _run_one,
-    anthropic_gateway,
-    text_turn,
-    tool_turn,
-)
+from marketing_pipelines_tests.agents.fake_models import anthropic_gateway, text_turn, tool_turn
+from marketing_pipelines_tests.agents.runs import output_metadata, run_one
 from marketing_pipelines_tests.factories import add_campaign
 
 OURS, OTHER = "spring-launch", "secret-project"
@@ -127,7 +122,7 @@ def test_a_run_on_one_campaign_cannot_read_or_write_another(
             return tool_turn(f"turn {call}", name, arguments, call_id=f"toolu_{call}")
         return text_turn("Done.")
 
-    result = _run_one(db_url, instance, anthropic_gateway(answer))
+    result = run_one(db_url, instance, anthropic_gateway(answer))
 
     assert result.success and _row(people, run_id)["status"] == "SUCCEEDED"
     assert _executions(people, OTHER) == []
@@ -149,7 +144,7 @@ def test_a_run_on_one_campaign_cannot_read_or_write_another(
         if block.get("type") == "tool_result" and block.get("is_error")
     ]
     assert len(refused) == 1 and "outside this run" in str(refused[0]["content"])
-    metadata = _output_metadata(result)
+    metadata = output_metadata(result)
     assert metadata["denials"] == len(HOSTILE_CALLS)
     assert "outside this run" in metadata["transcript"]
 

@@ -22,7 +22,7 @@ from marketing_pipelines.agents.providers.openai import OpenAIModel
 from marketing_pipelines.agents.providers.registry import PROVIDER_NAMES, PROVIDERS, provider_spec
 from marketing_pipelines.agents.queue import configured_provider_problem
 from marketing_pipelines.http import ServiceError
-from marketing_pipelines_tests.agents.test_providers import OPENAI_TEXT, SYSTEM
+from marketing_pipelines_tests.agents.fake_models import OPENAI_TEXT, SYSTEM
 
 PROVIDER_ENV = [env for spec in PROVIDERS for env in (spec.api_key_env, spec.model_env, spec.base_url_env) if env]
 

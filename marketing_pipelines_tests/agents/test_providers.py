@@ -14,18 +14,19 @@ from marketing_pipelines.agents.providers.openai import OpenAIModel
 from marketing_pipelines.agents.providers.registry import PROVIDER_NAMES
 from marketing_pipelines.agents.providers.types import ModelProvider, ModelTurn, ToolCall, ToolSpec
 from marketing_pipelines.http import RateLimited, ServiceError, server_wait_hint
-
-SYSTEM = "You run marketing campaigns."
-
-COUNT_SIGNUPS = ToolSpec(
-    name="count_signups",
-    description="Count signups for a campaign.",
-    input_schema={
-        "type": "object",
-        "properties": {"campaign_id": {"type": "integer"}, "since": {"type": "string"}},
-        "required": ["campaign_id"],
-    },
+from marketing_pipelines_tests.agents.fake_models import (
+    ANTHROPIC_TEXT,
+    COUNT_SIGNUPS,
+    OPENAI_TEXT,
+    SYSTEM,
+    Script,
+    anthropic_message,
+    complete_once,
+    openai_completion,
+    scripted_anthropic,
+    scripted_openai,
 )
+
 SEND_EMAIL = ToolSpec(
     name="send_email",
     description="Send an email to a segment.",
@@ -57,71 +58,6 @@ CONVERSATION_WITH_TOOL_RESULTS: list[dict] = [
 ]
 
 
-class Script:
-    """Answers requests with canned responses in order and records what the provider sent and slept."""
-
-    def __init__(self, *responses: httpx.Response) -> None:
-        self.responses = list(responses)
-        self.requests: list[httpx.Request] = []
-        self.sleeps: list[float] = []
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        return self.responses.pop(0)
-
-    def body(self, index: int = 0) -> dict:
-        return json.loads(self.requests[index].content)
-
-
-def scripted_anthropic(script: Script, **fields: object) -> AnthropicModel:
-    class ScriptedAnthropic(AnthropicModel):
-        def _client(self) -> httpx.Client:
-            return httpx.Client(transport=httpx.MockTransport(script.handle))
-
-        def _sleep(self, seconds: float) -> None:
-            script.sleeps.append(seconds)
-
-    return ScriptedAnthropic(api_key="sk-ant-test", **fields)
-
-
-def scripted_openai(script: Script, **fields: object) -> OpenAIModel:
-    class ScriptedOpenAI(OpenAIModel):
-        def _client(self) -> httpx.Client:
-            return httpx.Client(transport=httpx.MockTransport(script.handle))
-
-        def _sleep(self, seconds: float) -> None:
-            script.sleeps.append(seconds)
-
-    return ScriptedOpenAI(api_key="sk-openai-test", **fields)
-
-
-def anthropic_message(content: list[dict], stop_reason: str = "end_turn") -> dict:
-    return {
-        "id": "msg_01XFDUDYJgAACzvnptvVoYEL",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-sonnet-4-5",
-        "content": content,
-        "stop_reason": stop_reason,
-        "stop_sequence": None,
-        "usage": {"input_tokens": 120, "output_tokens": 35, "cache_read_input_tokens": 0},
-    }
-
-
-def openai_completion(message: dict, finish_reason: str = "stop") -> dict:
-    return {
-        "id": "chatcmpl-abc123",
-        "object": "chat.completion",
-        "created": 1735689600,
-        "model": "gpt-4o-mini-2024-07-18",
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
-        "usage": {"prompt_tokens": 80, "completion_tokens": 12, "total_tokens": 92},
-    }
-
-
-ANTHROPIC_TEXT = anthropic_message([{"type": "text", "text": "Campaign 7 got 42 signups."}])
-OPENAI_TEXT = openai_completion({"role": "assistant", "content": "Campaign 7 got 42 signups.", "refusal": None})
-
 ProviderFactory = Callable[[Script], AnthropicModel | OpenAIModel]
 
 # (factory, a successful payload, the env var its 401 must name, a 400 body in that API's shape)
@@ -141,10 +77,6 @@ PROVIDERS = [
         id="openai",
     ),
 ]
-
-
-def complete_once(provider: AnthropicModel | OpenAIModel) -> ModelTurn:
-    return provider.complete(SYSTEM, [{"role": "user", "content": "hello"}], [COUNT_SIGNUPS])
 
 
 def test_every_provider_satisfies_the_protocol_and_is_named() -> None:

@@ -21,7 +21,7 @@ from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript, get_agent_r
 from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines_tests.agents.test_providers import Script, openai_completion, scripted_openai
+from marketing_pipelines_tests.agents.fake_models import Script, openai_completion, scripted_openai
 from marketing_pipelines_tests.factories import add_campaign
 
 KEY = {"OPENAI_API_KEY": "sk-openai-test"}

@@ -28,9 +28,9 @@ from marketing_pipelines.executions.queue import (
 )
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.sensors import due_executions_sensor
+from marketing_pipelines_tests.cli_runner import Cli, cli_for
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
-from marketing_pipelines_tests.test_cli import Cli, cli_for
 from marketing_pipelines_tests.webserver import Recorder
 
 BACKING_OFF = ExecutionSettings(retry_backoff_seconds=600)

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.schema import marketing_execution as t
 from marketing_pipelines.executions.queue import MAX_FILE_LINES, MAX_LINE_BYTES, MAX_PAYLOAD_BYTES
+from marketing_pipelines_tests.cli_runner import Cli, cli_for
 from marketing_pipelines_tests.factories import add_campaign
-from marketing_pipelines_tests.test_cli import Cli, cli_for
 
 GOOD = {"campaign": "spring-launch", "stage": "launch", "action": "log", "due": "2026-12-01T09:00:00+01:00"}
 

@@ -1,4 +1,4 @@
-"""Generated events for measurement tests, and an independent pandas recount of them."""
+"""Generated events for measurement tests, an independent pandas recount of them, and the rollup rows stored."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import dagster as dg
 import pandas as pd
 import sqlalchemy as sa
 
+from marketing_pipelines.db.schema import measurement_daily_rollup
 from marketing_pipelines.measurement.events.write import record_events
 from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines_tests.factories import add_campaign
@@ -25,6 +26,7 @@ STAGES = {
 # Offsets from -08:00 to +14:00, including a half-hour one, so local dates differ from UTC dates.
 ZONES = ("UTC", "America/Los_Angeles", "Asia/Kolkata", "Pacific/Kiritimati", "Europe/Berlin")
 DAYS = (date(2026, 11, 25), date(2026, 11, 26), date(2026, 11, 27))
+ROLLUP_COLUMNS = ["day", "campaign_id", "stage", "event_type", "raw_count", "unique_actors"]
 
 
 def generated_events(seed: int = 7, per_day: int = 120, actors: int = 40) -> list[dict[str, Any]]:
@@ -71,6 +73,19 @@ def pandas_recount(events: list[dict[str, Any]]) -> pd.DataFrame:
         raw_count=("event_id", "size"), unique_actors=("actor_id", "nunique")
     )
     return grouped.sort_values(["day", "campaign_id", "stage", "event_type"]).reset_index(drop=True)
+
+
+def rollup_rows_frame(engine: sa.Engine, source: str = "first_party") -> pd.DataFrame:
+    """The stored measurement_daily_rollup rows of one source, ROLLUP_COLUMNS only, sorted by day and key."""
+    r = measurement_daily_rollup
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(r.c.day, r.c.campaign_id, r.c.stage, r.c.event_type, r.c.raw_count, r.c.unique_actors).where(
+                r.c.source == source
+            )
+        ).all()
+    frame = pd.DataFrame([tuple(row) for row in rows], columns=ROLLUP_COLUMNS)
+    return frame.sort_values(ROLLUP_COLUMNS[:4]).reset_index(drop=True)
 
 
 def seed(engine: sa.Engine, events: list[dict[str, Any]]) -> None:

@@ -30,49 +30,17 @@ from marketing_pipelines.measurement.importers.store import import_repo_day
 from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE_KEY
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.measurement.fake_services import (
+    Api,
+    github_asset,
+    github_release,
+    mocked_github,
+    mocked_plausible,
+)
 from marketing_pipelines_tests.measurement.runs import materialize_measurement
-from marketing_pipelines_tests.measurement.test_importers import github_asset, github_release
 
 REPO = "acme/widget"
 site_asset, github_release_downloads_daily, rollup_asset = SITE_KEY, DOWNLOADS_KEY, ROLLUP_KEY
-Handler = Any
-
-
-class Api:
-    """A fake API: answers with ``self.handler`` and keeps every request."""
-
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-        self.requests: list[httpx.Request] = []
-
-    def transport(self) -> httpx.MockTransport:
-        def answer(request: httpx.Request) -> httpx.Response:
-            self.requests.append(request)
-            return self.handler(request)
-
-        return httpx.MockTransport(answer)
-
-
-def mocked_plausible(api: Api) -> PlausibleClient:
-    class MockedPlausible(PlausibleClient):
-        def _client(self) -> httpx.Client:
-            return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, transport=api.transport())
-
-        def _sleep(self, seconds: float) -> None:
-            pass
-
-    return MockedPlausible(api_key="key", site_id="example.com")
-
-
-def mocked_github(api: Api) -> GitHubReleasesClient:
-    class MockedGitHub(GitHubReleasesClient):
-        def _client(self) -> httpx.Client:
-            return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, transport=api.transport())
-
-        def _sleep(self, seconds: float) -> None:
-            pass
-
-    return MockedGitHub(token="ghp_test")
 
 
 def releases(counts: dict[int, int], etag: str = '"v1"') -> httpx.Response:

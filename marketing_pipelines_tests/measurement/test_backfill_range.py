@@ -22,9 +22,9 @@ from marketing_pipelines.measurement.assets import MAX_DAYS_PER_RUN, measurement
 from marketing_pipelines.measurement.checks import check_unique_actors_within_raw_count
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE_KEY
+from marketing_pipelines_tests.measurement.fake_services import Api, mocked_github, mocked_plausible
 from marketing_pipelines_tests.measurement.generated import CAMPAIGNS, DAYS, generated_events, seed
 from marketing_pipelines_tests.measurement.runs import materialize_measurement
-from marketing_pipelines_tests.measurement.test_assets_importers import Api, mocked_github, mocked_plausible
 
 KEYS = [SITE_KEY, DOWNLOADS_KEY, ROLLUP_KEY]
 REPO = "acme/widget"

@@ -20,6 +20,7 @@ from marketing_pipelines.measurement.importers.github import (
     derive_download_deltas,
 )
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient, SiteAnalyticsRow
+from marketing_pipelines_tests.measurement.fake_services import github_asset, github_release
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
@@ -95,44 +96,6 @@ def expected_plausible_body(offset: int, limit: int) -> dict[str, Any]:
         "filters": [["is_not", "visit:utm_campaign", ["(not set)"]]],
         "order_by": [["time:day", "asc"], ["visit:utm_campaign", "asc"], ["event:page", "asc"]],
         "pagination": {"limit": limit, "offset": offset},
-    }
-
-
-def github_asset(asset_id: int, name: str, downloads: int) -> dict[str, Any]:
-    return {
-        "url": f"https://api.github.com/repos/acme/widget/releases/assets/{asset_id}",
-        "id": asset_id,
-        "node_id": f"RA_{asset_id}",
-        "name": name,
-        "label": "",
-        "uploader": {"login": "release-bot", "id": 9, "type": "Bot"},
-        "content_type": "application/gzip",
-        "state": "uploaded",
-        "size": 1024,
-        "download_count": downloads,
-        "created_at": "2026-11-01T08:30:00Z",
-        "updated_at": "2026-11-01T08:31:00Z",
-        "browser_download_url": f"https://github.com/acme/widget/releases/download/v1/{name}",
-    }
-
-
-def github_release(release_id: int, tag: str, assets: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "url": f"https://api.github.com/repos/acme/widget/releases/{release_id}",
-        "html_url": f"https://github.com/acme/widget/releases/tag/{tag}",
-        "assets_url": f"https://api.github.com/repos/acme/widget/releases/{release_id}/assets",
-        "id": release_id,
-        "node_id": f"RE_{release_id}",
-        "tag_name": tag,
-        "target_commitish": "main",
-        "name": tag,
-        "draft": False,
-        "prerelease": False,
-        "created_at": "2026-11-01T08:00:00Z",
-        "published_at": "2026-11-01T08:35:00Z",
-        "author": {"login": "release-bot", "id": 9, "type": "Bot"},
-        "assets": assets,
-        "body": "Release notes",
     }
 
 

@@ -26,25 +26,13 @@ from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.generated import (
     DAYS,
+    ROLLUP_COLUMNS,
     generated_events,
     materialize_rollup,
     pandas_recount,
+    rollup_rows_frame,
     seed,
 )
-
-COLUMNS = ["day", "campaign_id", "stage", "event_type", "raw_count", "unique_actors"]
-
-
-def rollup_frame(engine: sa.Engine, source: str = "first_party") -> pd.DataFrame:
-    r = measurement_daily_rollup
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(r.c.day, r.c.campaign_id, r.c.stage, r.c.event_type, r.c.raw_count, r.c.unique_actors).where(
-                r.c.source == source
-            )
-        ).all()
-    frame = pd.DataFrame([tuple(row) for row in rows], columns=COLUMNS)
-    return frame.sort_values(COLUMNS[:4]).reset_index(drop=True)
 
 
 def test_partitions_match_an_independent_recount(engine: sa.Engine, db_url: str) -> None:
@@ -58,8 +46,8 @@ def test_partitions_match_an_independent_recount(engine: sa.Engine, db_url: str)
 
     expected = pandas_recount(events)
     expected = expected[expected["day"].isin(DAYS)].reset_index(drop=True)
-    actual = rollup_frame(engine)
-    pd.testing.assert_frame_equal(actual[COLUMNS], expected[COLUMNS], check_dtype=False)
+    actual = rollup_rows_frame(engine)
+    pd.testing.assert_frame_equal(actual[ROLLUP_COLUMNS], expected[ROLLUP_COLUMNS], check_dtype=False)
     # The generated midnights put events on each side of every boundary; the neighbours outside DAYS are not rolled up.
     assert set(actual["day"]) == set(DAYS)
 
@@ -83,9 +71,9 @@ def test_rematerializing_a_partition_is_idempotent(engine: sa.Engine, db_url: st
     seed(engine, generated_events(per_day=50))
     instance = dg.DagsterInstance.ephemeral()
     first = materialize_rollup(db_url, instance, DAYS[1])
-    before = rollup_frame(engine)
+    before = rollup_rows_frame(engine)
     second = materialize_rollup(db_url, instance, DAYS[1])
-    pd.testing.assert_frame_equal(rollup_frame(engine), before)
+    pd.testing.assert_frame_equal(rollup_rows_frame(engine), before)
     metadata = [r.get_asset_materialization_events()[0].materialization.metadata for r in (first, second)]
     assert metadata[0]["rows"] == metadata[1]["rows"]
     assert metadata[0]["first_party_events"].value == int(before["raw_count"].sum())

@@ -12,8 +12,13 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.measurement.events.write import record_events
 from marketing_pipelines.measurement.schedules import measurement_daily_schedule
 from marketing_pipelines.measurement.sensors import build_late_events_sensor, measurement_late_events_sensor
-from marketing_pipelines_tests.measurement.generated import DAYS, generated_events, materialize_rollup, seed
-from marketing_pipelines_tests.measurement.test_rollup import rollup_frame
+from marketing_pipelines_tests.measurement.generated import (
+    DAYS,
+    generated_events,
+    materialize_rollup,
+    rollup_rows_frame,
+    seed,
+)
 
 
 def late(event_id: str, day: date, stage: str = "awareness", event_type: str = "page_view") -> dict[str, str]:
@@ -32,7 +37,7 @@ def test_a_late_event_changes_exactly_its_day(engine: sa.Engine, db_url: str) ->
     instance = dg.DagsterInstance.ephemeral()
     for day in DAYS:
         assert materialize_rollup(db_url, instance, day).success
-    before = rollup_frame(engine)
+    before = rollup_rows_frame(engine)
     sensor = build_late_events_sensor(settle_seconds=0)
     resources = {"app_db": AppDatabase(url=db_url)}
 
@@ -52,7 +57,7 @@ def test_a_late_event_changes_exactly_its_day(engine: sa.Engine, db_url: str) ->
 
     for request in requests:
         assert materialize_rollup(db_url, instance, date.fromisoformat(request.partition_key or "")).success
-    after = rollup_frame(engine)
+    after = rollup_rows_frame(engine)
     unchanged = after[after["day"] != DAYS[1]]
     pd.testing.assert_frame_equal(
         unchanged[unchanged["day"] != today].reset_index(drop=True),

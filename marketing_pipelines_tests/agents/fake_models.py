@@ -1,0 +1,150 @@
+"""Fakes of the model APIs for agent tests: the real Anthropic and OpenAI providers with their HTTP answered
+in-process by httpx.MockTransport. ``Script`` answers with canned responses in order and records what was sent
+and slept (``scripted_anthropic``, ``scripted_openai``, with the payload builders ``anthropic_message`` and
+``openai_completion``); ``anthropic_gateway`` is a ModelGateway whose Anthropic provider is answered by a function
+of the call number and request body (``text_turn``, ``tool_turn``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from marketing_pipelines.agents.models import ModelGateway
+from marketing_pipelines.agents.providers.anthropic import AnthropicModel
+from marketing_pipelines.agents.providers.openai import OpenAIModel
+from marketing_pipelines.agents.providers.types import ModelProvider, ModelTurn, ToolSpec
+
+SYSTEM = "You run marketing campaigns."
+
+COUNT_SIGNUPS = ToolSpec(
+    name="count_signups",
+    description="Count signups for a campaign.",
+    input_schema={
+        "type": "object",
+        "properties": {"campaign_id": {"type": "integer"}, "since": {"type": "string"}},
+        "required": ["campaign_id"],
+    },
+)
+
+
+# --- canned responses in order (Script) ---------------------------------------------------------
+
+
+class Script:
+    """Answers requests with canned responses in order and records what the provider sent and slept."""
+
+    def __init__(self, *responses: httpx.Response) -> None:
+        self.responses = list(responses)
+        self.requests: list[httpx.Request] = []
+        self.sleeps: list[float] = []
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return self.responses.pop(0)
+
+    def body(self, index: int = 0) -> dict:
+        return json.loads(self.requests[index].content)
+
+
+def scripted_anthropic(script: Script, **fields: object) -> AnthropicModel:
+    class ScriptedAnthropic(AnthropicModel):
+        def _client(self) -> httpx.Client:
+            return httpx.Client(transport=httpx.MockTransport(script.handle))
+
+        def _sleep(self, seconds: float) -> None:
+            script.sleeps.append(seconds)
+
+    return ScriptedAnthropic(api_key="sk-ant-test", **fields)
+
+
+def scripted_openai(script: Script, **fields: object) -> OpenAIModel:
+    class ScriptedOpenAI(OpenAIModel):
+        def _client(self) -> httpx.Client:
+            return httpx.Client(transport=httpx.MockTransport(script.handle))
+
+        def _sleep(self, seconds: float) -> None:
+            script.sleeps.append(seconds)
+
+    return ScriptedOpenAI(api_key="sk-openai-test", **fields)
+
+
+def anthropic_message(content: list[dict], stop_reason: str = "end_turn") -> dict:
+    return {
+        "id": "msg_01XFDUDYJgAACzvnptvVoYEL",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 120, "output_tokens": 35, "cache_read_input_tokens": 0},
+    }
+
+
+def openai_completion(message: dict, finish_reason: str = "stop") -> dict:
+    return {
+        "id": "chatcmpl-abc123",
+        "object": "chat.completion",
+        "created": 1735689600,
+        "model": "gpt-4o-mini-2024-07-18",
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": 80, "completion_tokens": 12, "total_tokens": 92},
+    }
+
+
+ANTHROPIC_TEXT = anthropic_message([{"type": "text", "text": "Campaign 7 got 42 signups."}])
+OPENAI_TEXT = openai_completion({"role": "assistant", "content": "Campaign 7 got 42 signups.", "refusal": None})
+
+
+def complete_once(provider: AnthropicModel | OpenAIModel) -> ModelTurn:
+    return provider.complete(SYSTEM, [{"role": "user", "content": "hello"}], [COUNT_SIGNUPS])
+
+
+# --- a gateway answered by a function of the call (anthropic_gateway) ------------------------------
+
+Answer = Callable[[int, dict[str, Any]], httpx.Response]
+
+
+def _message(content: list[dict[str, Any]], stop_reason: str) -> dict[str, Any]:
+    return {
+        "id": "msg_01",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 5},
+    }
+
+
+def text_turn(text: str) -> httpx.Response:
+    return httpx.Response(200, json=_message([{"type": "text", "text": text}], "end_turn"))
+
+
+def tool_turn(text: str, tool: str, arguments: dict[str, Any], call_id: str = "toolu_01") -> httpx.Response:
+    content = [{"type": "text", "text": text}, {"type": "tool_use", "id": call_id, "name": tool, "input": arguments}]
+    return httpx.Response(200, json=_message(content, "tool_use"))
+
+
+def anthropic_gateway(answer: Answer) -> ModelGateway:
+    """The real Anthropic provider, its HTTP answered by ``answer(call number, request body)``."""
+    calls = [0]
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        calls[0] += 1
+        return answer(calls[0], json.loads(request.content))
+
+    class Mocked(AnthropicModel):
+        def _client(self) -> httpx.Client:
+            return httpx.Client(base_url=self.base_url, transport=httpx.MockTransport(handle))
+
+    class Gateway(ModelGateway):
+        def provider(self, name: str) -> ModelProvider:
+            return Mocked(api_key="test-key")
+
+    return Gateway()
