@@ -41,7 +41,7 @@ from marketing_pipelines.executions.signing import signature
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.measurement.demo import run_measurement_demo
 from marketing_pipelines.sealing import SecretBox, new_key
-from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings, load_settings
+from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings, load_settings, resource_from_settings
 
 Echo = Callable[[str], None]
 
@@ -310,8 +310,8 @@ def run_demo(days: int = 7, echo: Echo = print, settings: Settings | None = None
                         secrets_key=settings.sealing_keys(),
                     ),
                     "models": ModelGateway(),
-                    "execution_settings": ExecutionSettings.from_settings(settings),
-                    "agent_settings": AgentSettings.from_settings(settings),
+                    "execution_settings": resource_from_settings(ExecutionSettings, settings),
+                    "agent_settings": resource_from_settings(AgentSettings, settings),
                 }
                 launched = _drain(instance, [due_executions_sensor, queued_agent_runs_sensor], defs, resources, echo)
                 echo(f"      {launched} runs finished")

@@ -61,7 +61,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="ignore", frozen=True)
 
-    database_url: str | None = Field(None, description="Application database URL (SQLite or PostgreSQL).")
+    database_url: str | None = Field(
+        None, description="Application database URL (SQLite or PostgreSQL); empty: the embedded SQLite default."
+    )
     # Chosen from benchmarks/e2e_executions.py (docs/PERFORMANCE.md, section 6).
     sensor_batch_size: int = Field(
         5000,
@@ -149,7 +151,8 @@ class Settings(BaseSettings):
     )
     alert_webhook_url: str | None = Field(
         None,
-        description="Slack-compatible incoming webhook for alerts (failed runs, queue checks at ERROR); off if unset.",
+        description="Slack-compatible incoming webhook for alerts (failed runs, queue checks at ERROR); off if unset. "
+        "Messages and the UI show only its scheme and host.",
     )
     dagster_ui_url: str | None = Field(
         None, description="Base URL of the Dagster UI, for links to runs (e.g. http://127.0.0.1:3000)."
@@ -270,14 +273,53 @@ def current_settings() -> Settings:
     return load_settings()
 
 
-def setting_field(name: str) -> Any:
+# The key, in a resource field's json_schema_extra, naming the setting the field is (``setting_field``).
+_SETTING = "marketing_setting"
+_SECRET = "marketing_secret"
+
+
+def setting_field(name: str, *, secret: bool = False) -> Any:
     """A resource field that is the setting ``name``: same default and bounds, its env var in the description.
 
     Resources declare ``batch_size: int = setting_field("sensor_batch_size")``, so a value edited
-    in the launchpad is held to the same bounds as the env var, and the UI says where it comes from.
+    in the launchpad is held to the same bounds as the env var, and the UI says where it comes from;
+    ``resource_from_settings`` fills the field from ``Settings`` by that name. A ``secret`` field is
+    given as ``dg.EnvVar`` of its variable, so the UI shows the variable's name, never the value.
     """
     info = Settings.model_fields[name]
-    return FieldInfo.merge_field_infos(info, description=f"{info.description} Env var: {env_name(name)}.")
+    # Dagster's config holds lists, not tuples: a setting's tuple default is the resource field's list.
+    default = list(info.default) if isinstance(info.default, tuple) else info.default
+    return FieldInfo.merge_field_infos(
+        info,
+        default=default,
+        description=f"{info.description} Env var: {env_name(name)}{' (shown by name only)' if secret else ''}.",
+        json_schema_extra={_SETTING: name, _SECRET: secret},
+    )
+
+
+def resource_from_settings(
+    resource_class: type[_T], settings: Settings, *, environ: Mapping[str, str] | None = None, **values: Any
+) -> _T:
+    """``resource_class`` with every field declared by ``setting_field(name)`` set to ``settings.name``.
+
+    The one way the definitions turn settings into resource config. ``values`` set fields that are
+    not settings (or replace one). A secret field gets ``dg.EnvVar`` of its variable when that is set
+    in ``environ`` (default: os.environ, where the code location loads), else the value ``settings``
+    holds (given in code, or empty).
+    """
+    for field, info in resource_class.model_fields.items():  # type: ignore[attr-defined]
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        name = extra.get(_SETTING)
+        if not isinstance(name, str) or field in values:
+            continue
+        value = getattr(settings, name)
+        if extra.get(_SECRET):
+            plain = value.get_secret_value() if isinstance(value, SecretStr) else value
+            value = env_var_if_set(env_name(name), environ) or plain
+        elif isinstance(value, tuple):
+            value = list(value)
+        values[field] = value
+    return resource_class(**values)
 
 
 def env_var_if_set(name: str, environ: Mapping[str, str] | None = None) -> dg.EnvVar | None:

@@ -11,10 +11,14 @@ import dagster as dg
 import pytest
 
 from marketing_pipelines.agents.resources import AgentSettings
+from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.definitions import defs
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.webhook import WebhookClient
-from marketing_pipelines.settings import Settings, SettingsError, env_name, load_settings
+from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
+from marketing_pipelines.monitoring.alerts import AlertWebhook
+from marketing_pipelines.monitoring.resources import HealthSettings
+from marketing_pipelines.settings import Settings, SettingsError, env_name, load_settings, resource_from_settings
 
 # Settings that shape definitions rather than runs: the UI shows them as what they shape.
 STRUCTURAL = {
@@ -56,13 +60,49 @@ def test_resources_carry_the_settings_values() -> None:
     settings = load_settings(
         executions_per_run=4, retry_backoff_seconds=2.5, webhook_concurrency=3, max_concurrent_agent_runs=7
     )
-    executions, webhook = ExecutionSettings.from_settings(settings), WebhookClient.from_settings(settings)
-    agents = AgentSettings.from_settings(settings)
+    executions, webhook = resource_from_settings(ExecutionSettings, settings), WebhookClient.from_settings(settings)
+    agents = resource_from_settings(AgentSettings, settings)
     assert (executions.executions_per_run, executions.retry_backoff_seconds) == (4, 2.5)
     assert (webhook.concurrency, agents.max_concurrent_agent_runs) == (3, 7)
     # Backoff doubles per attempt and is capped at an hour.
     assert [executions.retry_delay_seconds(a) for a in (1, 2, 3)] == [2.5, 5.0, 10.0]
     assert ExecutionSettings(retry_backoff_seconds=3000).retry_delay_seconds(5) == 3600.0
+
+
+def test_every_field_a_resource_declares_a_setting_takes_that_settings_value() -> None:
+    # Each resource field declared with setting_field(name) is filled from Settings by that name: change
+    # every such setting from its default and each field must follow, whatever its resource.
+    changed = {"sensor_batch_size": 7, "executions_per_run": 9, "execution_lease_seconds": 61,
+               "retry_backoff_seconds": 4.5, "webhook_timeout_seconds": 3.0, "webhook_concurrency": 5,
+               "webhook_allow_networks": "127.0.0.0/8", "max_concurrent_agent_runs": 3,
+               "max_model_calls_per_minute": 11, "agent_lease_grace_seconds": 77,
+               "health_due_lag_warn_seconds": 12.0, "health_due_lag_error_seconds": 13.0,
+               "health_failed_last_hour_warn": 2, "health_failed_last_hour_error": 5,
+               "dagster_ui_url": "http://127.0.0.1:3000", "alert_webhook_url": "https://hooks.example.com/T0/B0/x",
+               "database_url": "sqlite:////tmp/elsewhere.db", "secrets_key": "k"}  # fmt: skip
+    settings = load_settings(**changed)
+    seen = set()
+    for resource_class in (ExecutionSettings, WebhookClient, AgentSettings, HealthSettings, AlertWebhook,
+                           AppDatabase, RollupFrameIOManager):  # fmt: skip
+        resource = resource_from_settings(resource_class, settings, environ={})
+        for field, info in resource_class.model_fields.items():
+            name = (info.json_schema_extra or {}).get("marketing_setting")
+            if name is None:
+                continue
+            seen.add(name)
+            expected = getattr(settings, name)
+            expected = expected.get_secret_value() if hasattr(expected, "get_secret_value") else expected
+            assert getattr(resource, field) == (list(expected) if isinstance(expected, tuple) else expected), field
+    assert seen == set(changed)
+
+
+def test_a_secret_setting_is_an_env_var_in_the_resource_when_its_variable_is_set() -> None:
+    settings = load_settings(alert_webhook_url="https://hooks.example.com/T0/B0/secret-token")
+    shown = resource_from_settings(AlertWebhook, settings, environ={"MARKETING_ALERT_WEBHOOK_URL": "x"})
+    # An EnvVar: the launchpad and run config show the variable's name, never the URL.
+    assert isinstance(shown.url, dg.EnvVar) and shown.url == "MARKETING_ALERT_WEBHOOK_URL"
+    # Given in code (a test, the demo), the value itself.
+    assert resource_from_settings(AlertWebhook, settings, environ={}).url == settings.alert_webhook_url
 
 
 @pytest.mark.parametrize(

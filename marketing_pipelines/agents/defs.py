@@ -10,7 +10,7 @@ from marketing_pipelines.agents.sensors import (
     agent_run_failure_sensor,
     queued_agent_runs_sensor,
 )
-from marketing_pipelines.settings import current_settings
+from marketing_pipelines.settings import current_settings, resource_from_settings
 
 defs = dg.Definitions(
     jobs=[agent_run_job],
@@ -19,6 +19,6 @@ defs = dg.Definitions(
         # "models" (the ModelGateway) and each provider under its registry key; settings-derived gateway
         # fields go in as model_resources(**gateway_config).
         **model_resources(),
-        "agent_settings": AgentSettings.from_settings(current_settings()),
+        "agent_settings": resource_from_settings(AgentSettings, current_settings()),
     },
 )

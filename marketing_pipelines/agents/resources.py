@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from marketing_pipelines.settings import Settings, setting_field, shown_in_ui
+from marketing_pipelines.settings import setting_field, shown_in_ui
 
 
 @shown_in_ui
@@ -15,12 +15,3 @@ class AgentSettings(dg.ConfigurableResource):
     max_concurrent_agent_runs: int = setting_field("max_concurrent_agent_runs")
     max_model_calls_per_minute: int = setting_field("max_model_calls_per_minute")
     lease_grace_seconds: int = setting_field("agent_lease_grace_seconds")
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> AgentSettings:
-        return cls(
-            batch_size=settings.sensor_batch_size,
-            max_concurrent_agent_runs=settings.max_concurrent_agent_runs,
-            max_model_calls_per_minute=settings.max_model_calls_per_minute,
-            lease_grace_seconds=settings.agent_lease_grace_seconds,
-        )

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import dagster as dg
 import sqlalchemy as sa
-from pydantic import Field
 
 from marketing_pipelines.db.engine import DatabaseUnavailable, get_engine
 from marketing_pipelines.db.schema_version import SchemaNotReady, ensure_schema_current
-from marketing_pipelines.settings import default_database_url, env_name, env_var_if_set, shown_in_ui
-
-DATABASE_URL_ENV = env_name("database_url")
+from marketing_pipelines.settings import default_database_url, setting_field, shown_in_ui
 
 
 @shown_in_ui
@@ -22,13 +19,7 @@ class AppDatabase(dg.ConfigurableResource):
     default under ``.marketing/`` of the working directory.
     """
 
-    url: str | None = Field(
-        None, description=f"Application database URL; empty: the embedded SQLite default. Env var: {DATABASE_URL_ENV}."
-    )
-
-    @classmethod
-    def from_env(cls) -> AppDatabase:
-        return cls(url=env_var_if_set(DATABASE_URL_ENV))
+    url: str | None = setting_field("database_url", secret=True)
 
     def resolved_url(self) -> str:
         return self.url or default_database_url()

@@ -10,13 +10,13 @@ from marketing_pipelines.executions.sensors import (
     execution_run_failure_sensor,
 )
 from marketing_pipelines.executions.webhook import WebhookClient
-from marketing_pipelines.settings import current_settings
+from marketing_pipelines.settings import current_settings, resource_from_settings
 
 defs = dg.Definitions(
     jobs=[marketing_execution_job],
     sensors=[due_executions_sensor, execution_run_failure_sensor, execution_run_canceled_sensor],
     resources={
         "webhook": WebhookClient.from_settings(current_settings()),
-        "execution_settings": ExecutionSettings.from_settings(current_settings()),
+        "execution_settings": resource_from_settings(ExecutionSettings, current_settings()),
     },
 )

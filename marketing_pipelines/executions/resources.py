@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from marketing_pipelines.settings import Settings, setting_field, shown_in_ui
+from marketing_pipelines.settings import setting_field, shown_in_ui
 
 # Exponential backoff is capped so a long-failing webhook is still retried within the hour.
 MAX_RETRY_DELAY_SECONDS = 3600.0
@@ -18,15 +18,6 @@ class ExecutionSettings(dg.ConfigurableResource):
     executions_per_run: int = setting_field("executions_per_run")
     lease_seconds: int = setting_field("execution_lease_seconds")
     retry_backoff_seconds: float = setting_field("retry_backoff_seconds")
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> ExecutionSettings:
-        return cls(
-            batch_size=settings.sensor_batch_size,
-            executions_per_run=settings.executions_per_run,
-            lease_seconds=settings.execution_lease_seconds,
-            retry_backoff_seconds=settings.retry_backoff_seconds,
-        )
 
     def retry_delay_seconds(self, attempt: int) -> float:
         """The wait before the attempt after ``attempt``: the base delay, doubled per attempt, capped."""

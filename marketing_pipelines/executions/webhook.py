@@ -18,10 +18,9 @@ import dagster as dg
 import httpx
 from pydantic import Field, PrivateAttr, field_validator
 
-from marketing_pipelines.egress import ALLOW_SETTING, EgressPolicy, parse_networks
+from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.http import redact_httpx_logs
-from marketing_pipelines.sealing import KEY_SETTING
-from marketing_pipelines.settings import Settings, env_var_if_set, read_key_file, setting_field, shown_in_ui
+from marketing_pipelines.settings import Settings, read_key_file, resource_from_settings, setting_field, shown_in_ui
 
 # httpx logs each request's whole URL (an endpoint's path is often its token): every webhook and alert
 # POST goes through this client, so it installs the one redacting filter itself.
@@ -48,17 +47,9 @@ class WebhookClient(dg.ConfigurableResource):
     """
 
     timeout_s: float = setting_field("webhook_timeout_seconds")
-    allow_networks: list[str] = Field(
-        default=[],
-        description="CIDRs webhooks may reach beyond public addresses (loopback, private); never link-local. "
-        f"Env var: {ALLOW_SETTING}.",
-    )
+    allow_networks: list[str] = setting_field("webhook_allow_networks")
     concurrency: int = setting_field("webhook_concurrency")
-    secrets_key: str | None = Field(
-        default=None,
-        description="Fernet key(s) that open registered endpoints' URLs and signing secrets. "
-        f"Env var: {KEY_SETTING} (shown here as the variable's name only).",
-    )
+    secrets_key: str | None = setting_field("secrets_key", secret=True)
     secrets_key_file: str | None = Field(
         default=None, description="A file holding the key instead (the embedded SQLite default's secrets.key)."
     )
@@ -71,19 +62,13 @@ class WebhookClient(dg.ConfigurableResource):
 
     @classmethod
     def from_settings(cls, settings: Settings) -> WebhookClient:
-        key_file = settings.secrets_key_file()
-        key = settings.secrets_key.get_secret_value() if settings.secrets_key else None
-        # Without the env var, the SQLite database's key file (made by the demo).
-        return cls(
-            timeout_s=settings.webhook_timeout_seconds,
-            allow_networks=list(settings.webhook_allow_networks),
-            concurrency=settings.webhook_concurrency,
-            # An EnvVar, so the launchpad and run config show the variable's name, never the key.
-            secrets_key=env_var_if_set(KEY_SETTING) or key,
-            # Read when a run sends, so a key file made after the code location loaded (a first demo while
-            # `marketing-pipelines ui` is up) is found.
-            secrets_key_file=str(key_file) if key is None and key_file else None,
-        )
+        """The client of ``settings``; without a key, the SQLite database's key file (made by the demo).
+
+        The file is read when a run sends, so one made after the code location loaded (a first demo
+        while `marketing-pipelines ui` is up) is found.
+        """
+        key_file = settings.secrets_key_file() if settings.secrets_key is None else None
+        return resource_from_settings(cls, settings, secrets_key_file=str(key_file) if key_file else None)
 
     def sealing_keys(self) -> str | None:
         if self.secrets_key:

@@ -4,7 +4,6 @@ from collections.abc import Mapping
 
 import dagster as dg
 
-from marketing_pipelines.db.resources import DATABASE_URL_ENV
 from marketing_pipelines.measurement.assets import (
     ROLLUP_IO_MANAGER,
     build_measurement_daily,
@@ -19,7 +18,7 @@ from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.schedules import measurement_daily_schedule
 from marketing_pipelines.measurement.sensors import measurement_late_events_sensor
 from marketing_pipelines.measurement.sources import SOURCES, missing_variables
-from marketing_pipelines.settings import env_var_if_set
+from marketing_pipelines.settings import current_settings, env_var_if_set, resource_from_settings
 
 PLAUSIBLE_BASE_URL_ENV = "PLAUSIBLE_BASE_URL"
 GITHUB_API_URL_ENV = "GITHUB_API_URL"
@@ -60,6 +59,6 @@ defs = dg.Definitions(
     sensors=[measurement_late_events_sensor, measurement_freshness_sensor],
     resources={
         **importer_resources(),
-        ROLLUP_IO_MANAGER: RollupFrameIOManager(url=env_var_if_set(DATABASE_URL_ENV)),
+        ROLLUP_IO_MANAGER: resource_from_settings(RollupFrameIOManager, current_settings()),
     },
 )

@@ -25,14 +25,13 @@ from urllib.parse import urlsplit
 import dagster as dg
 import httpx
 import sqlalchemy as sa
-from pydantic import Field
 
 from marketing_pipelines.db.schema import agent_run, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.egress import EgressRefused
 from marketing_pipelines.executions.signing import body_bytes
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.redact import CONTROL_CHARACTERS, redact_text, url_origin, url_origins
-from marketing_pipelines.settings import Settings, dagster_ui_base, env_name, env_var_if_set, setting_field, shown_in_ui
+from marketing_pipelines.settings import dagster_ui_base, env_name, setting_field, shown_in_ui
 
 ALERT_URL_ENV = env_name("alert_webhook_url")
 # A message lists at most this many runs and checks, and this many failed executions per run; it
@@ -290,16 +289,8 @@ class AlertWebhook(dg.ConfigurableResource):
     only the variable's name shows in the UI; messages and tick reasons show its scheme and host.
     """
 
-    url: str | None = Field(
-        None,
-        description="Slack-compatible incoming webhook for alerts; empty: alerts are off. "
-        f"A secret: shown only as scheme and host. Env var: {ALERT_URL_ENV}.",
-    )
+    url: str | None = setting_field("alert_webhook_url", secret=True)
     dagster_ui_url: str | None = setting_field("dagster_ui_url")
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> AlertWebhook:
-        return cls(url=env_var_if_set(ALERT_URL_ENV), dagster_ui_url=settings.dagster_ui_url)
 
     @property
     def enabled(self) -> bool:

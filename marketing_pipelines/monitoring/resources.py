@@ -8,7 +8,7 @@ from typing import Literal
 import dagster as dg
 
 from marketing_pipelines.monitoring.health import QueueHealth
-from marketing_pipelines.settings import Settings, setting_field, shown_in_ui
+from marketing_pipelines.settings import setting_field, shown_in_ui
 
 Queue = Literal["executions", "agent_runs"]
 CheckName = Literal["due_lag", "failed_last_hour"]
@@ -47,15 +47,6 @@ class HealthSettings(dg.ConfigurableResource):
     due_lag_error_seconds: float = setting_field("health_due_lag_error_seconds")
     failed_last_hour_warn: int = setting_field("health_failed_last_hour_warn")
     failed_last_hour_error: int = setting_field("health_failed_last_hour_error")
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> HealthSettings:
-        return cls(
-            due_lag_warn_seconds=settings.health_due_lag_warn_seconds,
-            due_lag_error_seconds=settings.health_due_lag_error_seconds,
-            failed_last_hour_warn=settings.health_failed_last_hour_warn,
-            failed_last_hour_error=settings.health_failed_last_hour_error,
-        )
 
     def due_lag(self, queue: Queue, seconds: float | None) -> CheckVerdict:
         # Nothing waiting is no lag at all.

@@ -18,7 +18,7 @@ from marketing_pipelines.monitoring.checks import queue_health_checks
 from marketing_pipelines.monitoring.health import AgentRunsHealth, ExecutionsHealth, QueueHealth
 from marketing_pipelines.monitoring.resources import HealthSettings, severity_of
 from marketing_pipelines.monitoring.sensors import queue_health_sensor
-from marketing_pipelines.settings import load_settings
+from marketing_pipelines.settings import load_settings, resource_from_settings
 from marketing_pipelines_tests.monitoring.rows import add_agent_run, add_execution, prepare
 
 WARN, ERROR = dg.AssetCheckSeverity.WARN, dg.AssetCheckSeverity.ERROR
@@ -81,7 +81,7 @@ def test_health_settings_come_from_the_settings() -> None:
         health_failed_last_hour_warn=3,
         health_failed_last_hour_error=4,
     )
-    assert HealthSettings.from_settings(settings) == HealthSettings(
+    assert resource_from_settings(HealthSettings, settings) == HealthSettings(
         due_lag_warn_seconds=10, due_lag_error_seconds=20, failed_last_hour_warn=3, failed_last_hour_error=4
     )
 

@@ -27,14 +27,13 @@ from typing import Any
 import dagster as dg
 import pandas as pd
 import sqlalchemy as sa
-from pydantic import Field
 
 from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import measurement_daily_rollup
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.measurement.report.model import MeasurementReport
-from marketing_pipelines.settings import shown_in_ui
+from marketing_pipelines.settings import setting_field, shown_in_ui
 
 DAY = "datetime64[ns]"
 INSTANT = "datetime64[ns, UTC]"
@@ -192,7 +191,7 @@ class RollupFrameIOManager(dg.ConfigurableIOManager):
     1.13.27 warns (DeprecationWarning, InitResourceContext.dagster_run) on every run that builds a nested one.
     """
 
-    url: str | None = Field(None, description=AppDatabase.model_fields["url"].description)
+    url: str | None = setting_field("database_url", secret=True)
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         if obj is not None:
