@@ -21,22 +21,25 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
+from marketing_pipelines import run_tags
 from marketing_pipelines.agents import users
+from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import list_agent_runs, request_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.agents.sensors import TAG_AGENT_RUN_ID
+from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine, sqlite_path
 from marketing_pipelines.db.migrate import current_revision, upgrade
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.db.schema import marketing_execution
+from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.endpoints import add_endpoint, remove_endpoint
-from marketing_pipelines.executions.queue import list_executions, schedule_execution
+from marketing_pipelines.executions.jobs import marketing_execution_job
+from marketing_pipelines.executions.queue import execution_with_dedupe_key, list_executions, schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
-from marketing_pipelines.executions.sensors import executions_of_run
+from marketing_pipelines.executions.sensors import due_executions_sensor, executions_of_run
 from marketing_pipelines.executions.signing import signature
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.measurement.demo import run_measurement_demo
@@ -100,6 +103,8 @@ def _demo_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 # Loopback is reachable only when an operator allows it; the demo allows exactly its receiver's
 # address for its own execution.
 DEMO_EGRESS = EgressPolicy(parse_networks(f"{DEMO_RECEIVER_ADDRESS}/32"))
+# The jobs the claiming sensors request runs of, by name.
+JOBS = {job.name: job for job in (marketing_execution_job, agent_run_job)}
 DEMO_ENDPOINT = "demo-receiver"
 
 
@@ -195,8 +200,6 @@ def _wait_for_daemon(
     engine: sa.Engine, execution_ids: list[int], agent_run_ids: list[int], echo: Echo, timeout_s: float = 240
 ) -> None:
     """Let the running daemon claim and run the demo's work; wait (bounded) until it is done."""
-    from marketing_pipelines.db.schema import agent_run
-
     deadline = time.monotonic() + timeout_s
     pending: list[str] = []
     while time.monotonic() < deadline:
@@ -220,68 +223,16 @@ def _wait_for_daemon(
 
 def run_demo(days: int = 7, echo: Echo = print, settings: Settings | None = None) -> None:
     """The demo on ``settings`` (default: the environment's, as `marketing-pipelines demo` runs it)."""
-    from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
-    from marketing_pipelines.definitions import defs
-    from marketing_pipelines.executions.sensors import due_executions_sensor
-
     settings = settings or load_settings()
-    url = settings.resolved_database_url
-    engine = get_engine(url)
-    where = engine.url.render_as_string(hide_password=True)
-    path = sqlite_path(engine)
-    before = current_revision(engine) if path is None or path.exists() else None
-    upgrade(engine)
-    after = current_revision(engine)
-    echo(f"[1/4] Database {where}: " + (f"schema current ({after})" if before == after else f"migrated to {after}"))
-
+    engine = get_engine(settings.resolved_database_url)
+    _migrate(engine, echo)
     with _demo_receiver() as (hook_url, received):
         echo("[2/4] Seeding campaigns and due executions (a second demo reuses what the first one seeded)")
-        now = datetime.now(UTC)
         with engine.begin() as conn:
             for campaign in DEMO_CAMPAIGNS:
                 upsert_campaign(conn, campaign)
         secret = _demo_endpoint(engine, settings, hook_url, echo)
-        target = {"endpoint": DEMO_ENDPOINT} if secret else {"url": hook_url}
-        wanted = [
-            (
-                f"demo:{c.id}:{stage}",
-                {
-                    "campaign_id": c.id,
-                    "stage": stage,
-                    "action": "log",
-                    "payload": {"message": f"{c.name}: post the {stage} announcement"},
-                },
-            )
-            for c in DEMO_CAMPAIGNS
-            for stage in ("awareness", "launch")
-        ]
-        wanted.append(
-            (
-                "demo:webhook",
-                {
-                    "campaign_id": "spring-launch",
-                    "stage": "follow-up",
-                    "action": "webhook",
-                    "payload": {**target, "body": {"text": "Spring launch follow-up"}},
-                },
-            )
-        )
-        scheduled, reused = [], []
-        with engine.begin() as conn:
-            for key, fields in wanted:
-                existing = conn.execute(
-                    sa.select(marketing_execution.c.id).where(marketing_execution.c.dedupe_key == key)
-                ).scalar_one_or_none()
-                if existing is not None:
-                    reused.append(existing)
-                    continue
-                scheduled.append(
-                    schedule_execution(
-                        conn, due_at=now - timedelta(minutes=1), dedupe_key=key, egress=DEMO_EGRESS, **fields
-                    )
-                )
-        echo(f"      scheduled executions {scheduled}" + (f"; reused {reused}" if reused else ""))
-        scheduled += reused
+        scheduled = _seed_executions(engine, {"endpoint": DEMO_ENDPOINT} if secret else {"url": hook_url}, echo)
         requested, reused_runs, refused = _seed_agent_runs(engine, settings)
         echo(
             f"      queued agent runs {requested}"
@@ -302,22 +253,83 @@ def run_demo(days: int = 7, echo: Echo = print, settings: Settings | None = None
                 echo("      the UI's dagster-daemon is running on this instance: it claims and runs the work")
                 _wait_for_daemon(engine, scheduled, requested, echo)
             else:
-                resources = {
-                    "app_db": AppDatabase(url=url),
-                    "webhook": WebhookClient(
-                        timeout_s=5,
-                        allow_networks=[str(n) for n in DEMO_EGRESS.allow],
-                        secrets_key=settings.sealing_keys(),
-                    ),
-                    "models": ModelGateway(),
-                    "execution_settings": resource_from_settings(ExecutionSettings, settings),
-                    "agent_settings": resource_from_settings(AgentSettings, settings),
-                }
-                launched = _drain(instance, [due_executions_sensor, queued_agent_runs_sensor], defs, resources, echo)
+                launched = _drain(instance, _demo_resources(settings), echo)
                 echo(f"      {launched} runs finished")
         signed = f", {_verified(secret, received)} with a valid signature" if secret else ""
         echo(f"      the webhook receiver got {len(received)} request(s){signed}")
+    _echo_outcomes(engine, scheduled, requested, echo)
 
+
+def _migrate(engine: sa.Engine, echo: Echo) -> None:
+    where = engine.url.render_as_string(hide_password=True)
+    path = sqlite_path(engine)
+    before = current_revision(engine) if path is None or path.exists() else None
+    upgrade(engine)
+    after = current_revision(engine)
+    echo(f"[1/4] Database {where}: " + (f"schema current ({after})" if before == after else f"migrated to {after}"))
+
+
+def _seed_executions(engine: sa.Engine, target: dict[str, Any], echo: Echo) -> list[int]:
+    """Two log executions per demo campaign and one webhook to ``target``, due a minute ago; ids in order.
+
+    Each has a dedupe key, so a second demo reuses the first one's rather than adding its own.
+    """
+    wanted = [
+        (
+            f"demo:{c.id}:{stage}",
+            {
+                "campaign_id": c.id,
+                "stage": stage,
+                "action": "log",
+                "payload": {"message": f"{c.name}: post the {stage} announcement"},
+            },
+        )
+        for c in DEMO_CAMPAIGNS
+        for stage in ("awareness", "launch")
+    ]
+    webhook = {"text": "Spring launch follow-up"}
+    wanted.append(
+        (
+            "demo:webhook",
+            {
+                "campaign_id": "spring-launch",
+                "stage": "follow-up",
+                "action": "webhook",
+                "payload": {**target, "body": webhook},
+            },
+        )
+    )
+    due = datetime.now(UTC) - timedelta(minutes=1)
+    scheduled, reused = [], []
+    with engine.begin() as conn:
+        for key, fields in wanted:
+            existing = execution_with_dedupe_key(conn, key)
+            if existing is not None:
+                reused.append(existing)
+            else:
+                scheduled.append(schedule_execution(conn, due_at=due, dedupe_key=key, egress=DEMO_EGRESS, **fields))
+    echo(f"      scheduled executions {scheduled}" + (f"; reused {reused}" if reused else ""))
+    return scheduled + reused
+
+
+def _demo_resources(settings: Settings) -> dict[str, Any]:
+    """The definitions' resources for ``settings``, with webhooks allowed to the demo's receiver only."""
+    return {
+        "app_db": resource_from_settings(AppDatabase, settings),
+        "webhook": resource_from_settings(
+            WebhookClient,
+            settings,
+            timeout_s=5,
+            allow_networks=[str(n) for n in DEMO_EGRESS.allow],
+            secrets_key=settings.sealing_keys(),
+        ),
+        "models": ModelGateway(),
+        "execution_settings": resource_from_settings(ExecutionSettings, settings),
+        "agent_settings": resource_from_settings(AgentSettings, settings),
+    }
+
+
+def _echo_outcomes(engine: sa.Engine, scheduled: list[int], requested: list[int], echo: Echo) -> None:
     echo("[4/4] Outcomes")
     with engine.connect() as conn:
         rows = [r for r in list_executions(conn, limit=10_000) if r["id"] in set(scheduled)]
@@ -389,15 +401,9 @@ def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], 
         return ids, reused, refused
 
 
-def _drain(
-    instance: dg.DagsterInstance,
-    sensors: list[dg.SensorDefinition],
-    defs: dg.Definitions,
-    resources: dict[str, Any],
-    echo: Echo,
-    max_ticks: int = 20,
-) -> int:
-    """Tick the sensors until none finds anything, running each requested run on the instance."""
+def _drain(instance: dg.DagsterInstance, resources: dict[str, Any], echo: Echo, max_ticks: int = 20) -> int:
+    """Tick the two claiming sensors until neither finds anything, running each requested run on the instance."""
+    sensors = [due_executions_sensor, queued_agent_runs_sensor]
     # A context manager: the model gateway's providers hold an HTTP client they close at teardown.
     with dg.build_sensor_context(instance=instance, resources=resources) as context:
         launched = 0
@@ -413,7 +419,7 @@ def _drain(
                 return launched
             echo(f"      tick {tick}: {len(requests)} run request(s)")
             for request in requests:
-                job = defs.resolve_job_def(request.job_name or "")
+                job = JOBS[request.job_name or ""]
                 result_run = job.execute_in_process(
                     # Dagster's step-by-step console log would bury the demo's own lines; the full
                     # event log is still stored on the instance.
@@ -424,7 +430,9 @@ def _drain(
                     raise_on_error=False,
                 )
                 executions = sorted(executions_of_run(request.run_config))
-                what = f"executions {executions}" if executions else f"agent run {request.tags.get(TAG_AGENT_RUN_ID)}"
+                what = (
+                    f"executions {executions}" if executions else f"agent run {request.tags.get(run_tags.AGENT_RUN_ID)}"
+                )
                 echo(f"        run {result_run.run_id[:8]} {'SUCCESS' if result_run.success else 'FAILURE'} ({what})")
                 launched += 1
         return launched

@@ -8,8 +8,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from marketing_pipelines import run_tags
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
-from marketing_pipelines.db.leased_runs import TAG_CLAIMED_BY, take_over_rows
+from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.executions.queue import EXECUTIONS
 from marketing_pipelines.executions.sensors import executions_of_run
@@ -57,4 +58,4 @@ def start_run(engine: sa.Engine, claimed_by: str, execution_ids: Sequence[int]) 
 def start_runs(engine: sa.Engine, requests: Sequence[Any]) -> None:
     """``start_run`` for each run request of a claiming tick."""
     for request in requests:
-        start_run(engine, request.tags[TAG_CLAIMED_BY], executions_of_run(request.run_config))
+        start_run(engine, request.tags[run_tags.CLAIMED_BY], executions_of_run(request.run_config))

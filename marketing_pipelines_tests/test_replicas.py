@@ -26,9 +26,10 @@ import sqlalchemy as sa
 import yaml
 from dagster_graphql import DagsterGraphQLClient, ReloadRepositoryLocationStatus
 
+from marketing_pipelines import run_tags
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_execution
-from marketing_pipelines.executions.sensors import TAG_CLAIMED_BY, executions_of_run
+from marketing_pipelines.executions.sensors import executions_of_run
 from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions, start_run
 from marketing_pipelines_tests.processes import (
     REPO_ROOT,
@@ -142,7 +143,7 @@ class Replica:
                     batch = [Launched.of(r) for r in requests]
                     self.batches.append(batch)
                     for launched in batch:
-                        owner = start_run(self.engine, launched.tags[TAG_CLAIMED_BY], launched.executions)
+                        owner = start_run(self.engine, launched.tags[run_tags.CLAIMED_BY], launched.executions)
                         self.owners.update(dict.fromkeys(launched.executions, owner))
                     continue
                 self.skips.append(result["skipReason"] or "")

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from marketing_pipelines.agents.providers.types import ToolSpec
 from marketing_pipelines.db.campaigns import get_campaign
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.executions.queue import list_executions, parse_due, schedule_execution
 from marketing_pipelines.strict_json import loads_json
 
 
@@ -62,14 +63,14 @@ def _parse_day(value: Any, name: str) -> date:
 
 def _read_measurement(conn: sa.Connection, args: dict[str, Any], _: ToolCallContext) -> Any:
     start, end = _parse_day(args["from"], "from"), _parse_day(args["to"], "to")
+    # Deferred: the rollup's sketches (datasketches) load only for a run that reads them, not for the
+    # command line's agent commands, which import this module.
     from marketing_pipelines.agents import measurement_view
 
     return measurement_view.summarize(conn, args["campaign_id"], start, end)
 
 
 def _list_executions(conn: sa.Connection, args: dict[str, Any], _: ToolCallContext) -> Any:
-    from marketing_pipelines.executions.queue import list_executions
-
     rows = list_executions(conn, status=args.get("status"), campaign_id=args["campaign_id"], limit=50)
     return [
         {
@@ -85,8 +86,6 @@ def _list_executions(conn: sa.Connection, args: dict[str, Any], _: ToolCallConte
 
 
 def _schedule_execution(conn: sa.Connection, args: dict[str, Any], ctx: ToolCallContext) -> Any:
-    from marketing_pipelines.executions.queue import parse_due, schedule_execution
-
     payload = args.get("payload") or {}
     if isinstance(payload, str):
         payload = loads_json(payload)  # ValueError (not JSON, NaN, too deep): the loop records a tool error

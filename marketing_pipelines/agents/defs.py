@@ -16,8 +16,8 @@ defs = dg.Definitions(
     jobs=[agent_run_job],
     sensors=[queued_agent_runs_sensor, agent_run_failure_sensor, agent_run_canceled_sensor],
     resources={
-        # "models" (the ModelGateway) and each provider under its registry key; settings-derived gateway
-        # fields go in as model_resources(**gateway_config).
+        # "models" (the ModelGateway) and each provider under its registry key, so each provider's config
+        # shows under its own resource in the UI and the gateway links to them.
         **model_resources(),
         "agent_settings": resource_from_settings(AgentSettings, current_settings()),
     },

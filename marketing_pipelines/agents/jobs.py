@@ -2,15 +2,19 @@
 output and transcript in the run's metadata; an agent run that ends FAILED fails its Dagster run."""
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
 
+from marketing_pipelines import run_tags
 from marketing_pipelines.agents import token_bucket
 from marketing_pipelines.agents.catalog import get_agent
 from marketing_pipelines.agents.display import output_markdown, transcript_markdown
 from marketing_pipelines.agents.models import ModelGateway
+from marketing_pipelines.agents.providers.types import ModelProvider
 from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript, get_agent_run, transcript
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.runner import AgentResult, AgentStopped, LeaseLost, RunLimits, run_agent_loop
@@ -51,6 +55,117 @@ def run_metadata(
     return metadata
 
 
+@dataclass(frozen=True)
+class AgentAttempt:
+    """One attempt of an agent run, taken over by this Dagster run: how each way it ends is recorded and shown.
+
+    Every outcome is written under ``owner`` (the run's lease), so a run that lost the row records
+    nothing; a FAILED agent run fails the Dagster run, so it shows where Dagster users look.
+    """
+
+    context: dg.OpExecutionContext
+    engine: sa.Engine
+    agent_run_id: int
+    owner: str
+    attempt: int
+
+    def metadata(self, result: AgentResult | None = None) -> dict[str, dg.MetadataValue]:
+        return run_metadata(self.engine, self.agent_run_id, self.attempt, result)
+
+    def provider(self, models: ModelGateway, name: str) -> ModelProvider:
+        """The provider the run asked for; one that is unknown or not configured fails the run for good."""
+        try:
+            return models.provider(name)
+        except ServiceError as exc:
+            # Every attempt would meet the same configuration, so this one is the last, whatever is left.
+            raise self.fail(
+                f"model provider {exc}; not retried, as every attempt would fail the same way. "
+                f"After the fix: marketing-pipelines agents retry {self.agent_run_id}"
+            ) from None
+
+    def token_acquirer(self, provider_name: str, settings: AgentSettings) -> Callable[[], None]:
+        """Takes one model-call token of the provider's bucket before each call, logging a long wait."""
+
+        def acquire() -> None:
+            per_minute = settings.max_model_calls_per_minute
+            waited = token_bucket.acquire(self.engine, provider_name, per_minute, max_wait_s=TOKEN_WAIT_S)
+            if waited > 0.5:
+                self.context.log.info(f"Waited {waited:.1f}s for a {provider_name} model-call token.")
+
+        return acquire
+
+    def fail(self, reason: str) -> dg.Failure:
+        """FAILED for good (no attempt would do better): recorded, and the Dagster run's failure."""
+        with self.engine.begin() as conn:
+            # Redacted when stored, as an execution's last_error is: alerts and a database dump read it too.
+            error = {"error": redact_text(reason)}
+            recorded = finish(conn, AGENT_RUNS, self.agent_run_id, self.owner, "FAILED", error)
+        suffix = "" if recorded else " (not recorded: lease lost)"
+        return dg.Failure(
+            description=shown_text(f"Agent run {self.agent_run_id} FAILED: {reason}{suffix}"),
+            metadata=self.metadata(),
+        )
+
+    def attempt_failed(self, exc: ServiceError, steps: Transcript, provider_name: str) -> dg.Failure:
+        """The provider failed this attempt: retried if attempts are left, else FAILED; the run fails either way."""
+        error = redact_text(str(exc))
+        steps.add("error", provider_name, {"error": error})
+        with self.engine.begin() as conn:
+            status = retry_or_fail(conn, AGENT_RUNS, self.agent_run_id, self.owner, error, retry_delay_s=0)
+        now = status or "not recorded: lease lost"
+        return dg.Failure(
+            description=shown_text(f"Agent run {self.agent_run_id} attempt {self.attempt} failed ({exc}); now {now}."),
+            metadata=self.metadata(),
+        )
+
+    def succeeded(self, result: AgentResult) -> dg.Output[dict[str, Any]]:
+        with self.engine.begin() as conn:
+            recorded = finish(
+                conn, AGENT_RUNS, self.agent_run_id, self.owner, "SUCCEEDED", {"output": result.as_output()}
+            )
+        if not recorded:
+            # The result is lost with the lease; whoever holds the row now records its outcome.
+            raise dg.Failure(
+                description=f"Agent run {self.agent_run_id}: lease lost before recording the result.",
+                metadata=self.metadata(result),
+            )
+        self.context.log.info(
+            f"Agent run {self.agent_run_id} SUCCEEDED: {result.steps} model turn(s), {result.tool_calls} tool call(s), "
+            f"{result.denials} refused."
+        )
+        return dg.Output({"agent_run_id": self.agent_run_id, "outcome": "SUCCEEDED"}, metadata=self.metadata(result))
+
+    def lease_lost(self, why: str) -> dg.Output[dict[str, Any]]:
+        """The loop stopped because the row is no longer this run's: fail the run if the agent run ended FAILED.
+
+        Whoever took the row recorded its state: an operator's cancel (CANCELLED), or the expiry of this
+        run's lease, which requeued the row (the attempt lost, not spent) or, at MAX_LOST_ATTEMPTS,
+        FAILED it. Otherwise this run recorded nothing and stays green, saying why.
+        """
+        with self.engine.connect() as conn:
+            row = get_agent_run(conn, self.agent_run_id)
+        status = row["status"] if row is not None else "gone"
+        message = f"Agent run {self.agent_run_id}: {why}; it is {status} now and this run recorded nothing."
+        if status == "FAILED":
+            raise dg.Failure(
+                description=shown_text(f"{message} Its error: {row['error'] if row is not None else ''}"),
+                metadata=self.metadata(),
+            )
+        self.context.log.warning(message)
+        return dg.Output(
+            {"agent_run_id": self.agent_run_id, "outcome": "stopped"},
+            metadata={"outcome": "stopped", "status": status, **self.metadata()},
+        )
+
+
+def _skipped(agent_run_id: int, state: str) -> dg.Output[dict[str, Any]]:
+    # take_over_rows logged the row's state: this run changed nothing, so it may stay green.
+    return dg.Output(
+        {"agent_run_id": agent_run_id, "outcome": "skipped"},
+        metadata={"outcome": "skipped", "reason": f"agent run {agent_run_id} {state}; this run does not own it"},
+    )
+
+
 @dg.op(
     name=OP_NAME,
     pool=POOL,
@@ -63,9 +178,7 @@ def run_agent(
     models: ModelGateway,
     agent_settings: AgentSettings,
 ) -> dg.Output[dict[str, Any]]:
-    engine = app_db.ready_engine()
-    agent_run_id = config.agent_run_id
-    lease_s = agent_settings.lease_grace_seconds
+    engine, agent_run_id, lease_s = app_db.ready_engine(), config.agent_run_id, agent_settings.lease_grace_seconds
     users: dict[int, Any] = {}
     taken = take_over_rows(
         engine,
@@ -79,57 +192,21 @@ def run_agent(
         also=lambda conn, rows: users.update({r["id"]: get_user(conn, r["requested_by"]) for r in rows}),
     )
     if not taken.rows:
-        # take_over_rows logged the row's state: this run changed nothing, so it may stay green.
-        state = taken.skipped.get(agent_run_id, "")
-        return dg.Output(
-            {"agent_run_id": agent_run_id, "outcome": "skipped"},
-            metadata={"outcome": "skipped", "reason": f"agent run {agent_run_id} {state}; this run does not own it"},
-        )
-    owner, [row] = taken.owner, taken.rows
-    user = users[agent_run_id]
-    attempt = row["attempts"]
-
-    def fail(reason: str) -> dg.Failure:
-        with engine.begin() as conn:
-            # Redacted when stored, as an execution's last_error is: alerts and a database dump read it too.
-            recorded = finish(conn, AGENT_RUNS, agent_run_id, owner, "FAILED", {"error": redact_text(reason)})
-        suffix = "" if recorded else " (not recorded: lease lost)"
-        return dg.Failure(
-            description=shown_text(f"Agent run {agent_run_id} FAILED: {reason}{suffix}"),
-            metadata=run_metadata(engine, agent_run_id, attempt),
-        )
-
+        return _skipped(agent_run_id, taken.skipped.get(agent_run_id, ""))
+    [row], user = taken.rows, users[agent_run_id]
+    attempt = AgentAttempt(context, engine, agent_run_id, taken.owner, row["attempts"])
     if user is None or not user.active:
-        raise fail(f"user {row['requested_by']} is not active; runs of inactive users do not start")
-    try:
-        provider = models.provider(row["model_provider"])
-    except ServiceError as exc:
-        # Every attempt would meet the same configuration, so this one is the last, whatever is left.
-        raise fail(
-            f"model provider {exc}; not retried, as every attempt would fail the same way. "
-            f"After the fix: marketing-pipelines agents retry {agent_run_id}"
-        ) from None
-
+        raise attempt.fail(f"user {row['requested_by']} is not active; runs of inactive users do not start")
+    provider = attempt.provider(models, row["model_provider"])
     context.log.info(
         f"Agent run {agent_run_id}: agent {row['agent']} for campaign {row['campaign_id']}, "
-        f"as {row['requested_by']}, provider {row['model_provider']}, attempt {attempt} of "
+        f"as {row['requested_by']}, provider {row['model_provider']}, attempt {attempt.attempt} of "
         f"{row['max_attempts']}, time limit {row['max_run_seconds']}s."
     )
 
-    def acquire_token() -> None:
-        waited = token_bucket.acquire(
-            engine, row["model_provider"], agent_settings.max_model_calls_per_minute, max_wait_s=TOKEN_WAIT_S
-        )
-        if waited > 0.5:
-            context.log.info(f"Waited {waited:.1f}s for a {row['model_provider']} model-call token.")
-
-    steps = Transcript(engine, agent_run_id, attempt)
-    with LeaseKeeper(engine, AGENT_RUNS, agent_run_id, owner, lease_s, on_lost=context.log.warning) as keeper:
-        limits = RunLimits(
-            max_steps=MAX_STEPS,
-            deadline=time.monotonic() + row["max_run_seconds"],
-            is_cancelled=keeper.lost.is_set,
-        )
+    steps = Transcript(engine, agent_run_id, attempt.attempt)
+    with LeaseKeeper(engine, AGENT_RUNS, agent_run_id, taken.owner, lease_s, on_lost=context.log.warning) as keeper:
+        limits = RunLimits(MAX_STEPS, time.monotonic() + row["max_run_seconds"], is_cancelled=keeper.lost.is_set)
         try:
             result = run_agent_loop(
                 engine=engine,
@@ -138,14 +215,14 @@ def run_agent(
                 provider=provider,
                 transcript=steps,
                 limits=limits,
-                acquire_model_token=acquire_token,
+                acquire_model_token=attempt.token_acquirer(row["model_provider"], agent_settings),
                 # What the loop logs quotes the model's tool calls and refusals, which may hold secrets.
                 log=lambda message: context.log.info(shown_text(message)),
             )
         except LeaseLost as exc:
-            return lease_lost(context, engine, agent_run_id, attempt, str(exc))
+            return attempt.lease_lost(str(exc))
         except AgentStopped as exc:
-            raise fail(str(exc)) from None
+            raise attempt.fail(str(exc)) from None
         except (token_bucket.ModelRateLimited, RateLimited) as exc:
             wait = exc.retry_after_s
             context.log.info(shown_text(f"Agent run {agent_run_id}: {exc}; retrying this step in {wait:.0f}s."))
@@ -155,64 +232,14 @@ def run_agent(
             keeper.hold_for(wait + lease_s)
             raise dg.RetryRequested(max_retries=RATE_LIMIT_RETRIES, seconds_to_wait=wait) from exc
         except ServiceError as exc:
-            error = redact_text(str(exc))
-            steps.add("error", row["model_provider"], {"error": error})
-            with engine.begin() as conn:
-                status = retry_or_fail(conn, AGENT_RUNS, agent_run_id, owner, error, retry_delay_s=0)
-            now = status or "not recorded: lease lost"
-            raise dg.Failure(
-                description=shown_text(f"Agent run {agent_run_id} attempt {attempt} failed ({exc}); now {now}."),
-                metadata=run_metadata(engine, agent_run_id, attempt),
-            ) from None
-
-    with engine.begin() as conn:
-        recorded = finish(conn, AGENT_RUNS, agent_run_id, owner, "SUCCEEDED", {"output": result.as_output()})
-    if not recorded:
-        # The result is lost with the lease; whoever holds the row now records its outcome.
-        raise dg.Failure(
-            description=f"Agent run {agent_run_id}: lease lost before recording the result.",
-            metadata=run_metadata(engine, agent_run_id, attempt, result),
-        )
-    context.log.info(
-        f"Agent run {agent_run_id} SUCCEEDED: {result.steps} model turn(s), {result.tool_calls} tool call(s), "
-        f"{result.denials} refused."
-    )
-    return dg.Output(
-        {"agent_run_id": agent_run_id, "outcome": "SUCCEEDED"},
-        metadata=run_metadata(engine, agent_run_id, attempt, result),
-    )
-
-
-def lease_lost(
-    context: dg.OpExecutionContext, engine: sa.Engine, agent_run_id: int, attempt: int, why: str
-) -> dg.Output[dict[str, Any]]:
-    """The loop stopped because the row is no longer this run's: fail the run if the agent run ended FAILED.
-
-    Whoever took the row recorded its state: an operator's cancel (CANCELLED), or the expiry of this
-    run's lease, which requeued the row (the attempt lost, not spent) or, at MAX_LOST_ATTEMPTS,
-    FAILED it. A FAILED agent run fails its Dagster run, so the failure shows where Dagster users
-    look; otherwise this run recorded nothing and stays green, saying why.
-    """
-    with engine.connect() as conn:
-        row = get_agent_run(conn, agent_run_id)
-    status = row["status"] if row is not None else "gone"
-    message = f"Agent run {agent_run_id}: {why}; it is {status} now and this run recorded nothing."
-    if status == "FAILED":
-        raise dg.Failure(
-            description=shown_text(f"{message} Its error: {row['error'] if row is not None else ''}"),
-            metadata=run_metadata(engine, agent_run_id, attempt),
-        )
-    context.log.warning(message)
-    return dg.Output(
-        {"agent_run_id": agent_run_id, "outcome": "stopped"},
-        metadata={"outcome": "stopped", "status": status, **run_metadata(engine, agent_run_id, attempt)},
-    )
+            raise attempt.attempt_failed(exc, steps, row["model_provider"]) from None
+    return attempt.succeeded(result)
 
 
 @dg.job(
     name="agent_run_job",
     description="Performs one queued agent run claimed by queued_agent_runs_sensor.",
-    tags={"marketing/kind": "agent_run"},
+    tags={run_tags.KIND: "agent_run"},
     # The agent waits on the model's API and the database: a step subprocess would only add start-up
     # time. The in-process executor claims the agent_runs pool slot just as the multiprocess one does.
     executor_def=dg.in_process_executor,

@@ -59,15 +59,11 @@ class ModelGateway(dg.ConfigurableResource):
         return resource
 
 
-def model_resources(
-    environ: Mapping[str, str] | None = None, **gateway_config: Any
-) -> dict[str, dg.ConfigurableResource]:
+def model_resources(environ: Mapping[str, str] | None = None) -> dict[str, dg.ConfigurableResource]:
     """The agents domain's model resources: each provider under its registry key, and the gateway holding them.
 
     ``environ`` (default: os.environ) is read through the registry where the code location loads.
-    ``gateway_config`` is for the gateway's own fields that come from settings (agents/defs.py passes
-    them), never from env vars read here.
     """
     providers = provider_resources_from_env(environ)
-    gateway = ModelGateway(**providers, **gateway_config)
+    gateway = ModelGateway(**providers)
     return {MODELS_RESOURCE_KEY: gateway, **{spec.resource_key: providers[spec.name] for spec in PROVIDERS}}

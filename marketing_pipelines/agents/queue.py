@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.lease import RETRYABLE, LeaseQueue, cancel
 from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.settings import MODEL_PROVIDERS
 from marketing_pipelines.strict_json import parse_json_object
 
 AGENT_RUNS = LeaseQueue(
@@ -55,11 +57,11 @@ def configured_provider_problem(provider: str, environ: Mapping[str, str]) -> st
     """Why ``provider`` cannot be used in this deployment, or None when it can."""
     # Deferred: the registry loads every provider's Dagster resource and httpx, which the command
     # line's read commands (list, show, retry) import this module without needing.
-    from marketing_pipelines.agents.providers.registry import PROVIDER_NAMES, provider_spec
+    from marketing_pipelines.agents.providers.registry import provider_spec
 
     spec = provider_spec(provider)
     if spec is None:
-        return f"unknown model provider {provider!r}; known: {', '.join(PROVIDER_NAMES)}"
+        return f"unknown model provider {provider!r}; known: {', '.join(MODEL_PROVIDERS)}"
     missing = spec.missing_key(environ)
     if missing:
         return f"model provider {provider!r} is not configured: set {missing}"
@@ -87,8 +89,6 @@ def request_agent_run(
     not make inserts a REFUSED row (never claimed: a claim takes only QUEUED) and raises
     ``AgentRunRefused``, so a refusal leaves a trace that ``agents list`` shows.
     """
-    import os
-
     definition = get_agent(agent)
     payload = definition.validate_input(dict(input or {}))
     if len(json.dumps(payload)) > MAX_INPUT_BYTES:

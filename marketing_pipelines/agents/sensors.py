@@ -10,14 +10,13 @@ from collections.abc import Callable, Sequence
 import dagster as dg
 import sqlalchemy as sa
 
+from marketing_pipelines import run_tags
 from marketing_pipelines.agents.jobs import OP_NAME, POOL, agent_run_job
 from marketing_pipelines.agents.queue import AGENT_RUNS, running_count
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.lease import CANCELLED, new_claim_owner, renew_many
 from marketing_pipelines.db.leased_runs import (
     RECONCILE_INTERVAL_SECONDS,
-    TAG_CAMPAIGN_ID,
-    TAG_CLAIMED_BY,
     claim_requests,
     reconcile_run,
     sensor_instance,
@@ -25,10 +24,6 @@ from marketing_pipelines.db.leased_runs import (
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.settings import current_settings
 
-TAG_AGENT_RUN_ID = "marketing/agent_run_id"
-TAG_REQUESTED_BY = "marketing/requested_by"
-TAG_AGENT = "marketing/agent"
-TAG_ATTEMPT = "marketing/attempt"
 # Claimed agent runs per unit of pool limit: the pool's own, plus as many waiting in Dagster's run queue
 # to start the moment one ends (docs/PERFORMANCE.md, "Agent pool kept busy").
 BACKLOG_FACTOR = 2
@@ -54,12 +49,12 @@ def agent_run_request(row: sa.RowMapping, claimed_by: str, grace_seconds: int) -
         job_name=agent_run_job.name,
         run_config={"ops": {OP_NAME: {"config": {"agent_run_id": row["id"], "claimed_by": claimed_by}}}},
         tags={
-            TAG_AGENT_RUN_ID: str(row["id"]),
-            TAG_REQUESTED_BY: row["requested_by"],
-            TAG_AGENT: row["agent"],
-            TAG_CAMPAIGN_ID: row["campaign_id"],
-            TAG_ATTEMPT: str(row["attempts"]),
-            TAG_CLAIMED_BY: claimed_by,
+            run_tags.AGENT_RUN_ID: str(row["id"]),
+            run_tags.REQUESTED_BY: row["requested_by"],
+            run_tags.AGENT: row["agent"],
+            run_tags.CAMPAIGN_ID: row["campaign_id"],
+            run_tags.ATTEMPT: str(row["attempts"]),
+            run_tags.CLAIMED_BY: claimed_by,
             # Enforced by run monitoring: the run is stopped if it overruns, whatever the loop does.
             "dagster/max_runtime": str(row["max_run_seconds"] + grace_seconds),
         },
@@ -108,7 +103,7 @@ def claim_agent_run_requests(
 
 def agent_run_of(run: dg.DagsterRun) -> list[int]:
     """The agent run a Dagster run was launched for (its tag), or none for a run without one."""
-    agent_run_id = run.tags.get(TAG_AGENT_RUN_ID, "")
+    agent_run_id = run.tags.get(run_tags.AGENT_RUN_ID, "")
     return [int(agent_run_id)] if agent_run_id.isdigit() else []
 
 

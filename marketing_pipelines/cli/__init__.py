@@ -6,8 +6,11 @@ one line on stderr naming the problem and the fix, with a non-zero exit; never a
 One module per command group: ``db``, ``campaigns``, ``executions``, ``webhooks``, ``measurement`` (events, report),
 ``agents`` (users, agents, limits) and ``local`` (ui, demo); ``common`` holds what they share. A group's
 module is imported only when that group runs or ``--help`` lists it (``COMMANDS``), and none of them
-imports Dagster at load time: commands that need it import it when they run. A read command thus starts
-in a fraction of a second (benchmarks/cli_latency.py).
+imports Dagster at load time: commands that need it import it when they run. Inside a group's module,
+each command imports the domain modules it runs in its body, so its sibling commands do not load them
+(scheduling an execution loads no agent provider, listing users no rollup sketches); the standard
+library and ``cli.common`` come at the top. A read command thus starts in a fraction of a second
+(benchmarks/cli_latency.py).
 """
 
 from __future__ import annotations

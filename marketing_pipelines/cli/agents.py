@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
+import sqlalchemy as sa
 
 from marketing_pipelines.agents.token_bucket import MAX_BURST, MAX_CALLS_PER_MINUTE
 from marketing_pipelines.cli.common import (
@@ -108,8 +110,6 @@ def users_list(as_json: bool) -> None:
     Example:
       marketing-pipelines users list
     """
-    import sqlalchemy as sa
-
     from marketing_pipelines.agents.users import current_grants
     from marketing_pipelines.db.schema import app_user
 
@@ -278,8 +278,6 @@ def agents_cancel(agent_run_id: int) -> None:
     Example:
       marketing-pipelines agents cancel 12
     """
-    import os
-
     from marketing_pipelines.agents.queue import cancel_agent_run
 
     with ready_conn() as conn:
@@ -289,7 +287,7 @@ def agents_cancel(agent_run_id: int) -> None:
         # The run also stops by itself at its next step (its lease renewal finds the row
         # CANCELLED); terminating it through the instance just makes that immediate.
         if os.environ.get("DAGSTER_HOME"):
-            import dagster as dg
+            import dagster as dg  # only here: the command line starts without Dagster
 
             with dg.DagsterInstance.get() as instance:
                 terminated = instance.run_coordinator.cancel_run(result.run_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from marketing_pipelines.cli.common import FriendlyGroup, engine
+from marketing_pipelines.db.engine import check_connection, sqlite_path
 from marketing_pipelines.db.schema_version import ensure_schema_current
 
 
@@ -21,9 +22,7 @@ def db_upgrade() -> None:
     Example:
       MARKETING_DATABASE_URL=postgresql://app@db:5432/marketing marketing-pipelines db upgrade
     """
-    from marketing_pipelines.db.engine import check_connection, sqlite_path
-
-    # Alembic takes 0.1-0.4 s to import: only the commands that migrate or ask it pay, not `--help`.
+    # Alembic is slow to import: only the commands that migrate or ask it pay, not `--help`.
     from marketing_pipelines.db.migrate import current_revision, upgrade
 
     eng = engine()
@@ -45,9 +44,7 @@ def db_current() -> None:
     Example:
       marketing-pipelines db current
     """
-    from marketing_pipelines.db.engine import check_connection
-
-    # Alembic takes 0.1-0.4 s to import: only the commands that migrate or ask it pay, not `--help`.
+    # Alembic is slow to import: only the commands that migrate or ask it pay, not `--help`.
     from marketing_pipelines.db.migrate import current_revision, head_revision
 
     eng = engine()
@@ -66,6 +63,7 @@ def db_rebuild_weekly_sketches() -> None:
     Example:
       marketing-pipelines db rebuild-weekly-sketches
     """
+    # The rollup's sketches (datasketches) load for this command only.
     from marketing_pipelines.measurement.rollup.weekly import rebuild_all_weeks
 
     eng = engine()

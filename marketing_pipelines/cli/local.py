@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from datetime import date
+from pathlib import Path
 
 import click
 
@@ -25,10 +28,6 @@ def ui_command(port: int) -> None:
     Example:
       marketing-pipelines ui            # then open http://127.0.0.1:3000
     """
-    import os
-    import sys
-    from pathlib import Path
-
     from marketing_pipelines.demo import DEMO_RECEIVER_ADDRESS, dagster_home
 
     home, current = dagster_home(), settings()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from datetime import date
+from pathlib import Path
 
 import click
 
@@ -32,9 +34,6 @@ def events_load(file: str, source: str) -> None:
       marketing-pipelines events load events-2026-11.jsonl
       marketing-pipelines events load export.csv --source crm
     """
-    import sys
-    from pathlib import Path
-
     from tqdm import tqdm
 
     from marketing_pipelines.measurement.events.files import file_format, load_events_file
@@ -91,8 +90,6 @@ def events_rejects(file: str | None, limit: int, as_json: bool) -> None:
     Example:
       marketing-pipelines events rejects --file /data/events-2026-11.jsonl
     """
-    from pathlib import Path
-
     from marketing_pipelines.measurement.events.rejects import list_rejects, reject_file_label
 
     label = reject_file_label(Path(file)) if file else None

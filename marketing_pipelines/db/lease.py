@@ -87,8 +87,10 @@ class Recovery:
     claims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
-def now_expr(conn: sa.Connection, offset_s: float = 0.0) -> sa.ColumnElement[datetime]:
-    """The current time (plus an offset) as the database should see it in a statement."""
+def now_expr(conn: sa.Connection, offset_s: float = 0.0, at: datetime | None = None) -> sa.ColumnElement[datetime]:
+    """The current time (plus an offset) as the database should see it in a statement; ``at`` instead of now."""
+    if at is not None:
+        return sa.bindparam(None, at + timedelta(seconds=offset_s), type_=UTCDateTime())
     if conn.dialect.name == "postgresql":
         expr: sa.ColumnElement[datetime] = sa.func.now()
         if offset_s:
@@ -410,15 +412,19 @@ def _lost_values(
     }
 
 
-def recover_expired(conn: sa.Connection, queue: LeaseQueue, limit: int = 1000) -> Recovery:
+def recover_expired(
+    conn: sa.Connection, queue: LeaseQueue, limit: int = 1000, *, at: datetime | None = None
+) -> Recovery:
     """Return RUNNING rows whose lease ran out to the queue (the attempt lost, not spent), or FAIL
     them at ``MAX_LOST_ATTEMPTS``.
 
     Safe to run from every replica at once: each row is updated by whichever statement locks
-    it first, and the other re-checks ``status``/``lease_expires_at`` and skips it.
+    it first, and the other re-checks ``status``/``lease_expires_at`` and skips it. ``at``: the
+    instant to judge expiry by instead of the database's now (tests of the protocol's logic, which
+    need not wait for a lease to run out).
     """
     t = queue.table
-    now = now_expr(conn)
+    now = now_expr(conn, at=at)
     _, values = _lost_values(queue, LEASE_EXPIRED_ERROR, now)
     expired = (
         sa.select(t.c.id)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import dagster as dg
 import sqlalchemy as sa
 
+from marketing_pipelines import run_tags
 from marketing_pipelines.db.lease import (
     CANCELLED,
     RUNNING,
@@ -33,12 +34,6 @@ from marketing_pipelines.db.lease import (
 )
 
 logger = logging.getLogger(__name__)
-
-# The sensor tick's lease owner, so a run (or its reconciliation) can take the rows over from it.
-TAG_CLAIMED_BY = "marketing/claimed_by"
-# When every row of the run is of one campaign (values only: a slug may be longer than a tag key's section).
-TAG_CAMPAIGN_ID = "marketing/campaign_id"
-
 
 # How often the run-status sensors hand back what failed or canceled runs held. Dagster's default
 # (30 s) would be most of the minute a dead replica may cost; each tick is one event-log query.
@@ -153,7 +148,7 @@ _launched_claims = _LaunchedClaims()
 def end_unlaunched_claims(
     engine: sa.Engine, queue: LeaseQueue, instance: Callable[[], dg.DagsterInstance | None]
 ) -> tuple[str, ...]:
-    """End the leases of tick claims that no Dagster run carries (``TAG_CLAIMED_BY``); returns those owners.
+    """End the leases of tick claims that no Dagster run carries (``run_tags.CLAIMED_BY``); returns those owners.
 
     Claims older than ``UNLAUNCHED_CLAIM_SECONDS`` are those of runs waiting in Dagster's queue (a
     started run has taken its rows over) or of ticks whose runs were never created. Each is looked up
@@ -166,7 +161,7 @@ def end_unlaunched_claims(
         return ()
     unlaunched = []
     for owner in owners:
-        if dagster.get_run_ids(dg.RunsFilter(tags={TAG_CLAIMED_BY: owner}), limit=1):
+        if dagster.get_run_ids(dg.RunsFilter(tags={run_tags.CLAIMED_BY: owner}), limit=1):
             _launched_claims.add(owner)
         else:
             unlaunched.append(owner)
@@ -200,14 +195,14 @@ def started_runs_of_claims(
     if not claims:
         return []
     records = instance.get_run_records(
-        dg.RunsFilter(tags={TAG_CLAIMED_BY: list(claims)}, statuses=[dg.DagsterRunStatus.STARTED])
+        dg.RunsFilter(tags={run_tags.CLAIMED_BY: list(claims)}, statuses=[dg.DagsterRunStatus.STARTED])
     )
     waiting = instance.event_log_storage.get_concurrency_info(pool).pending_run_ids if pool and records else set()
     dead = []
     for record in records:
         run = record.dagster_run
         rows = set(rows_of_run(run))
-        if rows and rows <= set(claims.get(run.tags.get(TAG_CLAIMED_BY, ""), ())) and run.run_id not in waiting:
+        if rows and rows <= set(claims.get(run.tags.get(run_tags.CLAIMED_BY, ""), ())) and run.run_id not in waiting:
             dead.append(run.run_id)
     return dead
 
@@ -313,7 +308,7 @@ def reconcile_run(
     carry it) and new status. ``never_started``: the run failed before its worker started
     (``run_never_started``). Returns how many rows got which status.
     """
-    claimed_by = run.tags.get(TAG_CLAIMED_BY, "")
+    claimed_by = run.tags.get(run_tags.CLAIMED_BY, "")
     owners = [run_owner(run.run_id), claimed_by]
     statuses: dict[str, int] = {}
     with engine.begin() as conn:

@@ -21,6 +21,7 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
+from marketing_pipelines import run_tags
 from marketing_pipelines.db.lease import LeaseKeeper, describe, finish, finish_many, retry_or_fail
 from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.resources import AppDatabase
@@ -405,7 +406,7 @@ def failure_description(failed: Sequence[ExecutionOutcome], total: int) -> str:
         "Performs a batch of scheduled marketing executions claimed by due_executions_sensor, each fenced by "
         "its own lease; the output's metadata lists every execution and its outcome."
     ),
-    tags={"marketing/kind": "execution"},
+    tags={run_tags.KIND: "execution"},
     # The work waits on the network and the database: a step subprocess would only add start-up time.
     executor_def=dg.in_process_executor,
 )

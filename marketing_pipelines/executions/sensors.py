@@ -11,11 +11,10 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
+from marketing_pipelines import run_tags
 from marketing_pipelines.db.lease import CANCELLED, LEASE_EXPIRED_ERROR, Recovery, claimed_waiting, new_claim_owner
 from marketing_pipelines.db.leased_runs import (
     RECONCILE_INTERVAL_SECONDS,
-    TAG_CAMPAIGN_ID,
-    TAG_CLAIMED_BY,
     claim_requests,
     reconcile_run,
     run_never_started,
@@ -28,14 +27,8 @@ from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.redact import redact_text
 from marketing_pipelines.settings import current_settings
 
-# Runs carry a small, fixed set of tag keys, the same for one execution or 1,000: how many executions,
-# which campaigns, who claimed them. No key per execution: every distinct key is a row in the
-# instance's tag-key index and a suggestion in the UI's run filter, so a key per execution would grow
-# both without bound. An execution's runs are found through its attempt history (`executions show`,
-# which links each attempt to its run), and a run's executions through its config and outcome table.
-TAG_CAMPAIGNS = "marketing/campaigns"  # every campaign of the run, comma-separated
-TAG_EXECUTIONS = "marketing/executions"  # how many executions the run performs
-# A tag value is shown whole in the UI's run list: past this, the campaigns tag says how many there are.
+# The run's tags are run_tags' fixed set (no key per execution). A tag value is shown whole in the UI's
+# run list: past this, the campaigns tag says how many there are.
 CAMPAIGNS_TAG_MAX = 200
 
 
@@ -58,13 +51,13 @@ def batch_run_request(rows: Sequence[sa.RowMapping], claimed_by: str) -> dg.RunR
     digest = hashlib.sha1(",".join(f"{i}:{a}" for i, a in pairs).encode()).hexdigest()[:16]
     campaigns = {row["campaign_id"] for row in rows}
     tags = {
-        TAG_EXECUTIONS: str(len(rows)),
-        TAG_CLAIMED_BY: claimed_by,
-        TAG_CAMPAIGNS: _campaigns_tag(campaigns),
+        run_tags.EXECUTIONS: str(len(rows)),
+        run_tags.CLAIMED_BY: claimed_by,
+        run_tags.CAMPAIGNS: _campaigns_tag(campaigns),
     }
     if len(campaigns) == 1:
         # Campaign slugs are up to 64 characters, longer than a tag key's section may be: values only.
-        tags[TAG_CAMPAIGN_ID] = rows[0]["campaign_id"]
+        tags[run_tags.CAMPAIGN_ID] = rows[0]["campaign_id"]
     return dg.RunRequest(
         run_key=f"executions:{pairs[0][0]}:{pairs[0][1]}:{len(pairs)}:{digest}",
         job_name=marketing_execution_job.name,

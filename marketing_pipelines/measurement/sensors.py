@@ -18,6 +18,7 @@ from datetime import UTC, date, datetime, timedelta
 import dagster as dg
 import sqlalchemy as sa
 
+from marketing_pipelines import run_tags
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.measurement.assets import (
     MAX_DAYS_PER_RUN,
@@ -41,7 +42,6 @@ DEFAULT_SETTLE_SECONDS = 60
 # MARKETING_LATE_EVENTS_INTERVAL_SECONDS: each tick can re-run today's partition, so the interval bounds that
 # (300 s: 12 runs an hour under steady traffic) and how stale today's numbers get (freshness.py checks it).
 LATE_EVENTS_INTERVAL_SECONDS = current_settings().late_events_interval_seconds
-LATE_EVENTS_TAG = "marketing/late_events"
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def rollup_ranges(days: dict[date, int], max_days: int) -> list[RollupRange]:
 
 def rollup_request(days: RollupRange, window_end: str) -> dg.RunRequest:
     """The run of one range. The window end is in the key: the same window never launches twice, a later one does."""
-    run_key, tags = f"late-events:{days.span}:{window_end}", {LATE_EVENTS_TAG: str(days.late_events)}
+    run_key, tags = f"late-events:{days.span}:{window_end}", {run_tags.LATE_EVENTS: str(days.late_events)}
     if days.first == days.last:
         return dg.RunRequest(run_key=run_key, partition_key=days.first.isoformat(), tags=tags)
     # Dagster 1.13.27's RunRequest takes no partition_key_range (it drops unknown keywords silently): a range run

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -50,29 +50,32 @@ class Script:
         return json.loads(self.requests[index].content)
 
 
-def scripted_anthropic(script: Script, **fields: object) -> AnthropicModel:
-    class ScriptedAnthropic(AnthropicModel):
+_Provider = TypeVar("_Provider", AnthropicModel, OpenAIModel)
+
+
+def _scripted(provider_class: type[_Provider], script: Script, api_key: str, **fields: object) -> _Provider:
+    """The real provider class, its HTTP answered by ``script`` and its retry waits recorded, not slept."""
+
+    class Scripted(provider_class):  # type: ignore[valid-type,misc]
         def _client(self) -> httpx.Client:
             return httpx.Client(transport=httpx.MockTransport(script.handle))
 
         def _sleep(self, seconds: float) -> None:
             script.sleeps.append(seconds)
 
-    return ScriptedAnthropic(api_key="sk-ant-test", **fields)
+    return Scripted(api_key=api_key, **fields)
+
+
+def scripted_anthropic(script: Script, **fields: object) -> AnthropicModel:
+    return _scripted(AnthropicModel, script, "sk-ant-test", **fields)
 
 
 def scripted_openai(script: Script, **fields: object) -> OpenAIModel:
-    class ScriptedOpenAI(OpenAIModel):
-        def _client(self) -> httpx.Client:
-            return httpx.Client(transport=httpx.MockTransport(script.handle))
-
-        def _sleep(self, seconds: float) -> None:
-            script.sleeps.append(seconds)
-
-    return ScriptedOpenAI(api_key="sk-openai-test", **fields)
+    return _scripted(OpenAIModel, script, "sk-openai-test", **fields)
 
 
-def anthropic_message(content: list[dict], stop_reason: str = "end_turn") -> dict:
+def anthropic_message(content: list[dict], stop_reason: str = "end_turn", **usage: int) -> dict:
+    """A Messages API response (``POST /v1/messages``), as the Anthropic SDK's ``Message`` type has it."""
     return {
         "id": "msg_01XFDUDYJgAACzvnptvVoYEL",
         "type": "message",
@@ -81,7 +84,7 @@ def anthropic_message(content: list[dict], stop_reason: str = "end_turn") -> dic
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": None,
-        "usage": {"input_tokens": 120, "output_tokens": 35, "cache_read_input_tokens": 0},
+        "usage": {"input_tokens": 120, "output_tokens": 35, "cache_read_input_tokens": 0} | usage,
     }
 
 
@@ -109,26 +112,13 @@ def complete_once(provider: AnthropicModel | OpenAIModel) -> ModelTurn:
 Answer = Callable[[int, dict[str, Any]], httpx.Response]
 
 
-def _message(content: list[dict[str, Any]], stop_reason: str) -> dict[str, Any]:
-    return {
-        "id": "msg_01",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-sonnet-4-5",
-        "content": content,
-        "stop_reason": stop_reason,
-        "stop_sequence": None,
-        "usage": {"input_tokens": 10, "output_tokens": 5},
-    }
-
-
 def text_turn(text: str) -> httpx.Response:
-    return httpx.Response(200, json=_message([{"type": "text", "text": text}], "end_turn"))
+    return httpx.Response(200, json=anthropic_message([{"type": "text", "text": text}], "end_turn"))
 
 
 def tool_turn(text: str, tool: str, arguments: dict[str, Any], call_id: str = "toolu_01") -> httpx.Response:
     content = [{"type": "text", "text": text}, {"type": "tool_use", "id": call_id, "name": tool, "input": arguments}]
-    return httpx.Response(200, json=_message(content, "tool_use"))
+    return httpx.Response(200, json=anthropic_message(content, "tool_use"))
 
 
 def anthropic_gateway(answer: Answer) -> ModelGateway:

@@ -22,6 +22,7 @@ from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines_tests.agents.fake_models import anthropic_message
 from marketing_pipelines_tests.factories import add_campaign
 
 ALL_READ = ("campaign:read", "measurement:read", "execution:read")
@@ -256,29 +257,18 @@ class MockAnthropicGateway(ModelGateway):
                         "input": {"campaign_id": "spring-launch"},
                     },
                 ]
-                return httpx.Response(200, json=_message(content, "tool_use"))
+                return httpx.Response(200, json=anthropic_message(content, "tool_use", output_tokens=30))
             tool_result = body["messages"][-1]["content"][0]
             assert tool_result["type"] == "tool_result" and tool_result["tool_use_id"] == "toolu_01"
-            return httpx.Response(200, json=_message([{"type": "text", "text": "Spring launch: ship it."}], "end_turn"))
+            return httpx.Response(
+                200, json=anthropic_message([{"type": "text", "text": "Spring launch: ship it."}], output_tokens=30)
+            )
 
         class Mocked(AnthropicModel):
             def _client(self) -> httpx.Client:
                 return httpx.Client(base_url=self.base_url, transport=httpx.MockTransport(answer))
 
         return Mocked(api_key="test-key")
-
-
-def _message(content: list[dict[str, Any]], stop_reason: str) -> dict[str, Any]:
-    return {
-        "id": "msg_01",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-sonnet-4-5",
-        "content": content,
-        "stop_reason": stop_reason,
-        "stop_sequence": None,
-        "usage": {"input_tokens": 120, "output_tokens": 30},
-    }
 
 
 def test_anthropic_provider_drives_the_loop_with_tool_use(

@@ -11,9 +11,9 @@ import pytest
 from marketing_pipelines.agents.providers.anthropic import AnthropicModel
 from marketing_pipelines.agents.providers.offline import OfflineModel
 from marketing_pipelines.agents.providers.openai import OpenAIModel
-from marketing_pipelines.agents.providers.registry import PROVIDER_NAMES
 from marketing_pipelines.agents.providers.types import ModelProvider, ModelTurn, ToolCall, ToolSpec
 from marketing_pipelines.http import RateLimited, ServiceError, server_wait_hint
+from marketing_pipelines.settings import MODEL_PROVIDERS
 from marketing_pipelines_tests.agents.fake_models import (
     ANTHROPIC_TEXT,
     COUNT_SIGNUPS,
@@ -82,7 +82,7 @@ PROVIDERS = [
 def test_every_provider_satisfies_the_protocol_and_is_named() -> None:
     providers = [OfflineModel(), AnthropicModel(api_key="k"), OpenAIModel(api_key="k")]
     assert all(isinstance(provider, ModelProvider) for provider in providers)
-    assert tuple(provider.name for provider in providers) == PROVIDER_NAMES
+    assert tuple(provider.name for provider in providers) == MODEL_PROVIDERS
 
 
 @pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)

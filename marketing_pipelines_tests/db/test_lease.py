@@ -53,10 +53,9 @@ def test_rows_due_in_the_future_are_not_claimed(engine: sa.Engine) -> None:
 def test_stale_owner_cannot_renew_finish_or_fail(engine: sa.Engine) -> None:
     add_campaign(engine)
     bulk_due_executions(engine, 1)
-    [row_id] = _claim(engine, "old", 1, lease_s=0.2)
-    time.sleep(0.5)
+    [row_id] = _claim(engine, "old", 1, lease_s=60)
     with engine.begin() as conn:
-        assert lease.recover_expired(conn, EXECUTIONS).requeued == (row_id,)
+        assert lease.recover_expired(conn, EXECUTIONS, at=_after(61)).requeued == (row_id,)
     assert _claim(engine, "new", 1) == [row_id]
     with engine.begin() as conn:
         assert lease.renew(conn, EXECUTIONS, row_id, "old", 60) is False
@@ -70,11 +69,27 @@ def test_stale_owner_cannot_renew_finish_or_fail(engine: sa.Engine) -> None:
     assert _row(engine, row_id)["status"] == "SUCCEEDED"
 
 
-def _expire_one(engine: sa.Engine, owner: str) -> lease.Recovery:
-    assert _claim(engine, owner, 1, lease_s=0.1) == [1]
-    time.sleep(0.3)
+def _after(seconds: float) -> datetime:
+    """An instant ``seconds`` from now, for recover_expired to judge leases by instead of waiting."""
+    return datetime.now(UTC) + timedelta(seconds=seconds)
+
+
+def test_a_lease_expires_at_its_end_and_not_before(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 1)
+    [row_id] = _claim(engine, "w", 1, lease_s=60)
     with engine.begin() as conn:
-        return lease.recover_expired(conn, EXECUTIONS)
+        assert lease.recover_expired(conn, EXECUTIONS, at=_after(55)) == lease.Recovery((), ())
+    assert _row(engine, row_id)["status"] == "RUNNING"
+    with engine.begin() as conn:
+        assert lease.recover_expired(conn, EXECUTIONS, at=_after(65)).requeued == (row_id,)
+    assert _row(engine, row_id)["status"] == "SCHEDULED"
+
+
+def _expire_one(engine: sa.Engine, owner: str) -> lease.Recovery:
+    assert _claim(engine, owner, 1, lease_s=60) == [1]
+    with engine.begin() as conn:
+        return lease.recover_expired(conn, EXECUTIONS, at=_after(61))
 
 
 def test_an_expired_lease_loses_the_attempt_without_spending_it_until_max_lost_attempts(engine: sa.Engine) -> None:

@@ -13,7 +13,8 @@ from datetime import UTC, datetime, timedelta
 import dagster as dg
 import sqlalchemy as sa
 
-from marketing_pipelines.db.leased_runs import TAG_CLAIMED_BY, UNLAUNCHED_CLAIM_SECONDS
+from marketing_pipelines import run_tags
+from marketing_pipelines.db.leased_runs import UNLAUNCHED_CLAIM_SECONDS
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import marketing_execution as t
 from marketing_pipelines.egress import EgressPolicy, parse_networks
@@ -454,15 +455,15 @@ def test_a_claim_no_run_was_created_for_is_claimed_again_without_waiting_out_its
     _age_claim(engine, ids, UNLAUNCHED_CLAIM_SECONDS + 5)
     [again] = _tick(db_url, instance)
     assert sorted(executions_of_run(again.run_config)) == sorted(ids)
-    assert again.tags[TAG_CLAIMED_BY] != lost.tags[TAG_CLAIMED_BY]
+    assert again.tags[run_tags.CLAIMED_BY] != lost.tags[run_tags.CLAIMED_BY]
     rows = [_row(engine, i) for i in ids]
     assert [(r["status"], r["attempts"], r["lease_owner"]) for r in rows] == [
-        ("RUNNING", 2, again.tags[TAG_CLAIMED_BY])
+        ("RUNNING", 2, again.tags[run_tags.CLAIMED_BY])
     ] * 2
     # Had its run been created after all, it would find the rows owned by another claim and do nothing.
     perform(lost, db_url, instance)
     assert hook.received == []
-    assert {_row(engine, i)["lease_owner"] for i in ids} == {again.tags[TAG_CLAIMED_BY]}
+    assert {_row(engine, i)["lease_owner"] for i in ids} == {again.tags[run_tags.CLAIMED_BY]}
 
 
 def test_a_claim_whose_run_waits_in_dagsters_queue_is_left_alone(
@@ -475,7 +476,7 @@ def test_a_claim_whose_run_waits_in_dagsters_queue_is_left_alone(
     waiting = _run_of(instance, request)
     _age_claim(engine, ids, UNLAUNCHED_CLAIM_SECONDS * 2)  # waiting for minutes
     assert _tick(db_url, instance) == []
-    assert {_row(engine, i)["lease_owner"] for i in ids} == {request.tags[TAG_CLAIMED_BY]}
+    assert {_row(engine, i)["lease_owner"] for i in ids} == {request.tags[run_tags.CLAIMED_BY]}
     assert instance.get_run_by_id(waiting.run_id).status == dg.DagsterRunStatus.NOT_STARTED  # type: ignore[union-attr]
 
 
@@ -511,7 +512,7 @@ def test_a_live_run_of_the_same_claim_is_left_alone_when_its_sibling_died_before
     # works on it.
     ids = _schedule(engine, hook.url, n=2)
     first, second = _tick(db_url, instance, ExecutionSettings(executions_per_run=1))
-    assert first.tags[TAG_CLAIMED_BY] == second.tags[TAG_CLAIMED_BY]
+    assert first.tags[run_tags.CLAIMED_BY] == second.tags[run_tags.CLAIMED_BY]
     alive, dead = (_run_of(instance, r, dg.DagsterRunStatus.STARTED) for r in (first, second))
     [alive_row] = executions_of_run(first.run_config)
     [dead_row] = executions_of_run(second.run_config)
@@ -556,7 +557,7 @@ def test_unlaunched_and_launched_claims_looked_up_together(
     _age_claim(engine, [first_id, second_id], UNLAUNCHED_CLAIM_SECONDS + 5)
     [again] = _tick(db_url, instance)
     assert executions_of_run(again.run_config) == [second_id]
-    assert _row(engine, first_id)["lease_owner"] == launched.tags[TAG_CLAIMED_BY]
+    assert _row(engine, first_id)["lease_owner"] == launched.tags[run_tags.CLAIMED_BY]
 
 
 def test_a_receivers_nul_byte_is_stored_visibly_and_costs_the_others_nothing(

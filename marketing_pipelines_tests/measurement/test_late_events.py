@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from marketing_pipelines import run_tags
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import measurement_daily_rollup
 from marketing_pipelines.measurement.assets import (
@@ -35,12 +36,7 @@ from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.keys import TODAY_IS_CURRENT_KEY
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.rollup.late import day_backlog, days_ingested_against_rollup
-from marketing_pipelines.measurement.sensors import (
-    LATE_EVENTS_TAG,
-    RollupRange,
-    build_late_events_sensor,
-    rollup_ranges,
-)
+from marketing_pipelines.measurement.sensors import RollupRange, build_late_events_sensor, rollup_ranges
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.generated import materialize_rollup
 
@@ -119,7 +115,7 @@ def test_one_late_event_requests_its_day_alone(engine: sa.Engine, db_url: str, i
     assert spans(result) == [WEEK[3].isoformat()]
     [request] = result.run_requests or []
     assert request.run_key == f"late-events:{WEEK[3]}:{result.cursor}"
-    assert request.tags[LATE_EVENTS_TAG] == "1"
+    assert request.tags[run_tags.LATE_EVENTS] == "1"
     # Rolled up again: nothing is late any more, however often the sensor looks.
     assert materialize_rollup(db_url, instance, WEEK[3]).success
     assert not tick(sensor, instance, db_url, cursor).run_requests
@@ -155,7 +151,7 @@ def test_late_days_go_into_ranges_in_as_few_runs_as_the_policy_allows(
     ingest(engine, [WEEK[1]], "late-again")
     result = tick(sensor, instance, db_url, cursor)
     assert spans(result) == [f"{WEEK[0]}..{WEEK[2]}", WEEK[5].isoformat()]
-    assert [r.tags[LATE_EVENTS_TAG] for r in result.run_requests or []] == ["4", "1"]
+    assert [r.tags[run_tags.LATE_EVENTS] for r in result.run_requests or []] == ["4", "1"]
     assert len({r.run_key for r in result.run_requests or []}) == 2
     assert all((r.run_key or "").endswith(f":{result.cursor}") for r in result.run_requests or [])
     # The range run is what a backfill run is: one materialization per day of it, each day rebuilt.

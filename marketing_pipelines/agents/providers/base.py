@@ -39,8 +39,7 @@ class ProviderSpec:
     """What a deployment needs to know about one provider: its name, its resource and the env vars that configure it.
 
     Each provider module declares its own spec next to its resource class; ``registry.PROVIDERS``
-    lists them. The default model and base URL are the resource class's field defaults, so they
-    are written once.
+    lists them. The default model and base URL are the resource class's field defaults, written once.
     """
 
     name: str
@@ -53,14 +52,6 @@ class ProviderSpec:
     def resource_key(self) -> str:
         """The provider resource's key in ``Definitions`` (the gateway holds the same instance)."""
         return f"{self.name}_model"
-
-    @property
-    def default_model(self) -> str | None:
-        return self._field_default("model")
-
-    @property
-    def default_base_url(self) -> str | None:
-        return self._field_default("base_url")
 
     def missing_key(self, environ: Mapping[str, str]) -> str | None:
         """The API-key env var this provider needs and ``environ`` lacks (or holds only white space), or None."""
@@ -87,10 +78,6 @@ class ProviderSpec:
             if env_var and environ.get(env_var):
                 config[field] = environ[env_var]
         return self.resource_class(**config)
-
-    def _field_default(self, field: str) -> str | None:
-        info = self.resource_class.model_fields.get(field)
-        return None if info is None else info.default
 
 
 @shown_in_ui

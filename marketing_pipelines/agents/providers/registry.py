@@ -12,9 +12,9 @@ Each record (``ProviderSpec``) gives a provider's name, resource class, resource
     ============  ==============  =================  ===============  ==================
 
 The records themselves sit next to each resource class (``offline.py``, ``anthropic.py``,
-``openai.py``); this module is the index every other module reads. ``PROVIDER_NAMES`` is the
-source of ``settings.MODEL_PROVIDERS`` (settings may not import agents, so a test holds the two
-equal).
+``openai.py``); this module is the index every other module reads, in the order of
+``settings.MODEL_PROVIDERS``, the one list of providers' names (the settings and the command line
+read it without loading any provider).
 """
 
 from __future__ import annotations
@@ -26,12 +26,15 @@ from marketing_pipelines.agents.providers.anthropic import ANTHROPIC, AnthropicM
 from marketing_pipelines.agents.providers.base import ProviderSpec
 from marketing_pipelines.agents.providers.offline import OFFLINE, OfflineModel
 from marketing_pipelines.agents.providers.openai import OPENAI, OpenAIModel
+from marketing_pipelines.settings import MODEL_PROVIDERS
 
 ProviderResource = OfflineModel | AnthropicModel | OpenAIModel
 
-PROVIDERS: tuple[ProviderSpec, ...] = (OFFLINE, ANTHROPIC, OPENAI)
-PROVIDER_NAMES: tuple[str, ...] = tuple(spec.name for spec in PROVIDERS)
-_BY_NAME = {spec.name: spec for spec in PROVIDERS}
+_BY_NAME = {spec.name: spec for spec in (OFFLINE, ANTHROPIC, OPENAI)}
+if set(_BY_NAME) != set(MODEL_PROVIDERS):
+    # A provider added on one side only: fail where the code loads, naming both sides.
+    raise ImportError(f"providers with a record {sorted(_BY_NAME)} != settings.MODEL_PROVIDERS {list(MODEL_PROVIDERS)}")
+PROVIDERS: tuple[ProviderSpec, ...] = tuple(_BY_NAME[name] for name in MODEL_PROVIDERS)
 
 
 def provider_spec(name: str) -> ProviderSpec | None:
