@@ -52,14 +52,19 @@ def default_database_url(cwd: Path | None = None) -> str:
 
 
 def env_name(field: str) -> str:
-    """The env var a field of `Settings` is read from."""
-    return f"{ENV_PREFIX}{field.upper()}"
+    """The env var a field of `Settings` is read from: MARKETING_ and its name, or the service's own variable."""
+    info = Settings.model_fields.get(field)
+    alias = info.validation_alias if info is not None else None
+    return alias if isinstance(alias, str) else f"{ENV_PREFIX}{field.upper()}"
 
 
 class Settings(BaseSettings):
     """The README's configuration table mirrors these fields (env var = MARKETING_ + the upper-cased name)."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="ignore", frozen=True)
+    # populate_by_name: a field read from a service's own variable (an alias) is still given by its name in code.
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_ignore_empty=True, extra="ignore", frozen=True, populate_by_name=True
+    )
 
     database_url: str | None = Field(
         None, description="Application database URL (SQLite or PostgreSQL); empty: the embedded SQLite default."
@@ -171,6 +176,30 @@ class Settings(BaseSettings):
         description="Hours a rotated endpoint's previous signing secret keeps signing alongside the new one.",
     )
 
+    # The measurement importers, each read from its service's own variables (no MARKETING_ prefix). An
+    # importer whose credentials are not all set is left out of the definitions (measurement/defs.py).
+    plausible_api_key: SecretStr | None = Field(
+        None, validation_alias="PLAUSIBLE_API_KEY", description="Plausible Stats API key (site analytics importer)."
+    )
+    plausible_site_id: str | None = Field(
+        None, validation_alias="PLAUSIBLE_SITE_ID", description="Site domain as registered in Plausible."
+    )
+    plausible_base_url: str = Field(
+        "https://plausible.io",
+        validation_alias="PLAUSIBLE_BASE_URL",
+        description="Plausible origin; change for self-hosting.",
+    )
+    github_token: SecretStr | None = Field(
+        None,
+        validation_alias="GITHUB_TOKEN",
+        description="GitHub token with read access to the campaigns' repositories (release downloads importer).",
+    )
+    github_api_url: str = Field(
+        "https://api.github.com",
+        validation_alias="GITHUB_API_URL",
+        description="GitHub API root; change for GitHub Enterprise.",
+    )
+
     @field_validator("health_due_lag_error_seconds", "health_failed_last_hour_error")
     @classmethod
     def _error_not_below_warn(cls, value: float, info: ValidationInfo) -> float:
@@ -252,11 +281,16 @@ def _bounds(field: str) -> str | None:
 def _one_line(exc: ValidationError) -> str:
     error = exc.errors(include_url=False)[0]
     field = str(error["loc"][0]) if error["loc"] else "?"
+    # A field read from its service's variable is named by that alias in the error.
+    field = next((name for name, info in Settings.model_fields.items() if info.validation_alias == field), field)
     message = str(error["msg"]).removeprefix("Value error, ")
     message = message[:1].lower() + message[1:]
     if error["type"] in ("greater_than_equal", "less_than_equal", "finite_number"):
         message = _bounds(field) or message
-    return f"{env_name(field)}={error.get('input')!r} is not valid: {message}"
+    info = Settings.model_fields.get(field)
+    secret = info is not None and "SecretStr" in str(info.annotation)
+    shown = "(a secret, not shown)" if secret else repr(error.get("input"))
+    return f"{env_name(field)}={shown} is not valid: {message}"
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -289,12 +323,16 @@ def setting_field(name: str, *, secret: bool = False) -> Any:
     info = Settings.model_fields[name]
     # Dagster's config holds lists, not tuples: a setting's tuple default is the resource field's list.
     default = list(info.default) if isinstance(info.default, tuple) else info.default
-    return FieldInfo.merge_field_infos(
+    field = FieldInfo.merge_field_infos(
         info,
         default=default,
         description=f"{info.description} Env var: {env_name(name)}{' (shown by name only)' if secret else ''}.",
         json_schema_extra={_SETTING: name, _SECRET: secret},
     )
+    # A service's variable is the setting's alias; the resource's field keeps its own name.
+    field.alias = field.validation_alias = field.serialization_alias = None
+    field.alias_priority = None
+    return field
 
 
 def resource_from_settings(

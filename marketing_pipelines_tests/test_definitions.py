@@ -9,9 +9,10 @@ import dagster as dg
 
 from marketing_pipelines.definitions import defs
 from marketing_pipelines.measurement.sources import SOURCES, missing_variables
+from marketing_pipelines.settings import current_settings
 
 # Each importer is defined only where its source is configured (measurement/sources.py); CI configures neither.
-CONFIGURED = {s.asset for s in SOURCES if s.name not in missing_variables()}
+CONFIGURED = {s.asset for s in SOURCES if s.name not in missing_variables(current_settings())}
 ASSETS = {
     "marketing_event",
     "measurement_daily_rollup",

@@ -27,8 +27,6 @@ from packaging.specifiers import SpecifierSet
 from pydantic import SecretStr
 
 from marketing_pipelines.agents.providers.registry import PROVIDERS
-from marketing_pipelines.measurement.defs import GITHUB_API_URL_ENV, PLAUSIBLE_BASE_URL_ENV
-from marketing_pipelines.measurement.sources import GITHUB_TOKEN_ENV, PLAUSIBLE_API_KEY_ENV, SOURCES
 from marketing_pipelines.settings import Settings, env_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,12 +56,10 @@ def setting_variables() -> set[str]:
 
 
 def provider_variables() -> set[str]:
-    """The model providers' and the measurement importers' variables, from the modules that read them."""
-    names = {PLAUSIBLE_BASE_URL_ENV, GITHUB_API_URL_ENV}
+    """The model providers' variables, from the registry that reads them (the importers' are settings)."""
+    names: set[str] = set()
     for spec in PROVIDERS:
         names |= {name for name in (spec.api_key_env, spec.model_env, spec.base_url_env) if name}
-    for source in SOURCES:
-        names |= set(source.env_vars)
     return names
 
 
@@ -73,7 +69,7 @@ def secret_variables() -> set[str]:
     # The URLs carry credentials too: a database password, an incoming webhook's token.
     secret_fields |= {"database_url", "alert_webhook_url"}
     api_keys = {spec.api_key_env for spec in PROVIDERS if spec.api_key_env}
-    return {env_name(field) for field in secret_fields} | api_keys | {PLAUSIBLE_API_KEY_ENV, GITHUB_TOKEN_ENV}
+    return {env_name(field) for field in secret_fields} | api_keys
 
 
 def _types(annotation: Any) -> set[Any]:
@@ -212,7 +208,7 @@ def unknown_variables(names: list[tuple[str, str]], instance_variables: set[str]
         elif name.startswith("DAGSTER_PG_"):
             if name not in instance_variables:
                 problems.append(f"{where}: {name} is not one deploy/dagster.yaml reads")
-        elif name not in providers | RUNTIME_VARIABLES:
+        elif name not in settings | providers | RUNTIME_VARIABLES:  # a service's own variable may be a setting
             problems.append(f"{where}: {name} is read by no provider, importer, Dagster or Python")
     return problems
 

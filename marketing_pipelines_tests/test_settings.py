@@ -166,3 +166,28 @@ def test_a_bad_setting_stops_the_code_location_from_loading_with_one_clear_line(
     failed = _load_definitions({"MARKETING_EXECUTIONS_PER_RUN": "0"}, "")
     assert failed.returncode != 0
     assert "MARKETING_EXECUTIONS_PER_RUN='0' is not valid: must be between 1 and 1000" in failed.stderr
+
+
+def test_the_services_own_variables_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Read by their own names (no MARKETING_ prefix), given in code by the field's name.
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_from_the_environment")
+    monkeypatch.setenv("PLAUSIBLE_BASE_URL", "https://stats.example.org")
+    settings = load_settings()
+    assert settings.github_token is not None and settings.github_token.get_secret_value() == "ghp_from_the_environment"
+    assert settings.plausible_base_url == "https://stats.example.org"
+    assert load_settings(github_token="given").github_token.get_secret_value() == "given"  # type: ignore[union-attr]
+    assert (env_name("github_token"), env_name("sensor_batch_size")) == ("GITHUB_TOKEN", "MARKETING_SENSOR_BATCH_SIZE")
+
+
+def test_a_bad_service_variable_is_named_and_a_secret_is_not_quoted() -> None:
+    with pytest.raises(SettingsError) as url_error:
+        load_settings(plausible_base_url=5)
+    assert str(url_error.value).startswith("PLAUSIBLE_BASE_URL=5 is not valid")
+    with pytest.raises(SettingsError) as token_error:
+        load_settings(github_token=987654321)
+    message = str(token_error.value)
+    assert message.startswith("GITHUB_TOKEN=(a secret, not shown) is not valid") and "987654321" not in message
+    # The same for MARKETING_ secrets: the sealing key's bad value was quoted before.
+    with pytest.raises(SettingsError) as key_error:
+        load_settings(secrets_key=123456789)
+    assert "123456789" not in str(key_error.value) and "MARKETING_SECRETS_KEY=" in str(key_error.value)

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from marketing_pipelines.cli.common import emit_rows, json_option, ready_conn
+from marketing_pipelines.cli.common import emit_rows, json_option, ready_conn, settings
 from marketing_pipelines.measurement.sources import SOURCES, missing_variables
 from marketing_pipelines.monitoring.health import QueueHealth, queue_health
 
@@ -65,7 +65,7 @@ def status_command(as_json: bool) -> None:
     """
     with ready_conn() as conn:
         health = queue_health(conn)
-    missing = missing_variables()
+    missing = missing_variables(settings())
     if as_json:
         sources = {s.name: {"configured": s.name not in missing, "set": missing.get(s.name, [])} for s in SOURCES}
         click.echo(json.dumps({**health.as_json(), "measurement_sources": sources}))

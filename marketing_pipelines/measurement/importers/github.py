@@ -21,12 +21,11 @@ from marketing_pipelines.http import (
     send_with_retries,
 )
 from marketing_pipelines.measurement.importers.base import response_json
-from marketing_pipelines.measurement.sources import GITHUB_TOKEN_ENV
-from marketing_pipelines.settings import shown_in_ui
+from marketing_pipelines.settings import env_name, setting_field, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 SERVICE = "github"
-TOKEN_ENV = GITHUB_TOKEN_ENV
+TOKEN_ENV = env_name("github_token")
 # GitHub's largest page for the releases list.
 PER_PAGE = 100
 _REPO_PATTERN = re.compile(r"[A-Za-z0-9-]+/[A-Za-z0-9._-]+")
@@ -103,8 +102,8 @@ class GitHubReleasesClient(dg.ConfigurableResource):
 
     name: ClassVar[str] = "github_releases"
 
-    token: str | None = Field(default=None, description=f"Token with read access to the repositories; {TOKEN_ENV}.")
-    base_url: str = Field(default="https://api.github.com", description="API root; change for GitHub Enterprise.")
+    token: str | None = setting_field("github_token", secret=True)
+    base_url: str = setting_field("github_api_url")
     timeout_s: float = Field(default=30.0, gt=0, description="Timeout of each HTTP call, in seconds.")
     api_version: str = Field(default="2022-11-28", description="Sent as X-GitHub-Api-Version.")
 

@@ -13,12 +13,11 @@ from pydantic import Field
 
 from marketing_pipelines.http import HttpRetry, RateLimited, ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.measurement.importers.base import ImporterNotConfigured, response_json
-from marketing_pipelines.measurement.sources import PLAUSIBLE_API_KEY_ENV, PLAUSIBLE_SITE_ID_ENV
-from marketing_pipelines.settings import shown_in_ui
+from marketing_pipelines.settings import env_name, setting_field, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 SERVICE = "plausible"
-API_KEY_ENV, SITE_ID_ENV = PLAUSIBLE_API_KEY_ENV, PLAUSIBLE_SITE_ID_ENV
+API_KEY_ENV, SITE_ID_ENV = env_name("plausible_api_key"), env_name("plausible_site_id")
 QUERY_PATH = "/api/v2/query"
 METRICS = ("visitors", "pageviews")
 DIMENSIONS = ("time:day", "visit:utm_campaign", "event:page")
@@ -52,9 +51,9 @@ class PlausibleClient(dg.ConfigurableResource):
 
     name: ClassVar[str] = "plausible"
 
-    api_key: str | None = Field(default=None, description=f"Stats API key; set from {API_KEY_ENV}.")
-    site_id: str | None = Field(default=None, description=f"Site domain as registered in Plausible; {SITE_ID_ENV}.")
-    base_url: str = Field(default="https://plausible.io", description="Plausible origin; change for self-hosting.")
+    api_key: str | None = setting_field("plausible_api_key", secret=True)
+    site_id: str | None = setting_field("plausible_site_id", secret=True)
+    base_url: str = setting_field("plausible_base_url")
     timeout_s: float = Field(default=30.0, gt=0, description="Timeout of each HTTP call, in seconds.")
     page_size: int = Field(default=MAX_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE, description="Rows requested per page.")
 
