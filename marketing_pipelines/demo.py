@@ -394,6 +394,7 @@ def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], 
                             input=given,
                             provider="offline",
                             max_run_seconds=settings.agent_max_run_seconds,
+                            settings=settings,
                         )
                     )
             except InvalidInput as exc:

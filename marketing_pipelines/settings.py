@@ -200,6 +200,31 @@ class Settings(BaseSettings):
         description="GitHub API root; change for GitHub Enterprise.",
     )
 
+    # The model providers, each read from its service's own variables. A provider without a key is
+    # "not configured": the code location still loads, and a request for it is refused.
+    anthropic_api_key: SecretStr | None = Field(
+        None, validation_alias="ANTHROPIC_API_KEY", description="Anthropic API key (model provider anthropic)."
+    )
+    anthropic_model: str = Field(
+        "claude-sonnet-4-5", validation_alias="ANTHROPIC_MODEL", description="Model of the anthropic provider."
+    )
+    anthropic_base_url: str = Field(
+        "https://api.anthropic.com", validation_alias="ANTHROPIC_BASE_URL", description="Anthropic API origin."
+    )
+    openai_api_key: SecretStr | None = Field(
+        None,
+        validation_alias="OPENAI_API_KEY",
+        description="OpenAI (or compatible server) API key (model provider openai).",
+    )
+    openai_model: str = Field(
+        "gpt-4o-mini", validation_alias="OPENAI_MODEL", description="Model of the openai provider."
+    )
+    openai_base_url: str = Field(
+        "https://api.openai.com/v1",
+        validation_alias="OPENAI_BASE_URL",
+        description="Chat Completions API root: OpenAI's, or an OpenAI-compatible server's.",
+    )
+
     @field_validator("health_due_lag_error_seconds", "health_failed_last_hour_error")
     @classmethod
     def _error_not_below_warn(cls, value: float, info: ValidationInfo) -> float:
@@ -213,6 +238,19 @@ class Settings(BaseSettings):
     def _networks(cls, value: Any) -> tuple[str, ...]:
         # The egress policy's own parser, so the setting is refused here exactly as the policy would.
         return tuple(str(network) for network in parse_networks(value))
+
+    @field_validator("anthropic_api_key", "openai_api_key")
+    @classmethod
+    def _api_key(cls, value: SecretStr | None) -> SecretStr | None:
+        # Surrounding white space (a secrets file's trailing newline) is stripped; a key that could never
+        # go into an HTTP header fails loading here, in one line naming the variable, never quoting it.
+        text = value.get_secret_value().strip() if value is not None else ""
+        if not text:
+            return None
+        problem = api_key_problem(text)
+        if problem:
+            raise ValueError(problem)
+        return SecretStr(text)
 
     @field_validator("model_provider")
     @classmethod
@@ -238,6 +276,19 @@ class Settings(BaseSettings):
             return self.secrets_key.get_secret_value()
         key_file = self.secrets_key_file()
         return read_key_file(key_file) if key_file is not None else None
+
+
+def api_key_problem(key: str) -> str | None:
+    """Why ``key`` (already stripped) cannot go into an HTTP header, without quoting it; None when it can.
+
+    httpx refuses a header value with a newline only when it writes the request, and its error quotes
+    the value ("Illegal header value b'Bearer sk-...'"), so a key is checked before any request.
+    """
+    if not key:
+        return "is empty"
+    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
+        return "holds white space, a control character or a non-ASCII character inside (the value is not shown)"
+    return None
 
 
 def read_key_file(path: str | Path) -> str | None:

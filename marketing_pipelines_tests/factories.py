@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,6 +14,7 @@ from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.executions.queue import EXECUTIONS
 from marketing_pipelines.executions.sensors import executions_of_run
+from marketing_pipelines.settings import Settings, env_name, load_settings
 
 
 def add_campaign(engine: sa.Engine, campaign_id: str = "spring-launch", **kw: Any) -> str:
@@ -59,3 +60,18 @@ def start_runs(engine: sa.Engine, requests: Sequence[Any]) -> None:
     """``start_run`` for each run request of a claiming tick."""
     for request in requests:
         start_run(engine, request.tags[run_tags.CLAIMED_BY], executions_of_run(request.run_config))
+
+
+# The settings read from the services' own variables: credentials, models and addresses of the importers
+# and model providers. A test gives them by variable name, as a deployment's environment would.
+SERVICE_SETTINGS = tuple(name for name, info in Settings.model_fields.items() if info.validation_alias)
+
+
+def settings_from(environ: Mapping[str, str]) -> Settings:
+    """Settings whose services' variables are exactly ``environ``'s (by their own names), whatever this
+    process's environment holds; every MARKETING_ setting as the environment has it. An empty value
+    counts as unset, as it does in the environment (``env_ignore_empty``)."""
+    by_variable = {env_name(field): field for field in SERVICE_SETTINGS}
+    unset = {field: Settings.model_fields[field].default for field in SERVICE_SETTINGS}
+    given = {by_variable[name]: value for name, value in environ.items() if value != ""}
+    return load_settings(**(unset | given))

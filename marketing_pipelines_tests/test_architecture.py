@@ -53,8 +53,11 @@ def test_no_package_re_exports_names_of_its_modules() -> None:
     assert importing == {"cli"}
 
 
-# os.environ.get("MARKETING_..."), os.environ["MARKETING_..."], os.getenv("MARKETING_..."), setenv("MARKETING_...")
-MARKETING_ENV_READ = re.compile(r"""(environ(\.get)?\s*[\(\[]|getenv\(|setenv\()\s*["']MARKETING_""")
+# os.environ.get("MARKETING_..."), os.environ["MARKETING_..."], os.getenv("MARKETING_..."), setenv("MARKETING_..."),
+# and the same for the services' own variables, which are settings too (aliases of Settings fields).
+MARKETING_ENV_READ = re.compile(
+    r"""(environ(\.get)?\s*[\(\[]|getenv\(|setenv\()\s*["'](MARKETING|PLAUSIBLE|GITHUB|ANTHROPIC|OPENAI)_"""
+)
 
 
 def test_only_settings_reads_marketing_variables() -> None:

@@ -34,7 +34,7 @@ from marketing_pipelines_tests.agents.fake_models import (
     scripted_openai,
 )
 from marketing_pipelines_tests.cli_runner import cli_for
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, settings_from
 
 HOSTILE = "[" * 100_000  # RecursionError in json.loads, whatever the stack
 TOO_DEEP = "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)  # parses without error, yet too deep
@@ -234,7 +234,7 @@ def test_a_too_deep_tool_call_is_a_recorded_denial_and_the_run_goes_on(engine: s
             requested_by="ana",
             input={"stage": "launch"},
             provider="openai",
-            environ={"OPENAI_API_KEY": "sk-openai-test"},
+            settings=settings_from({"OPENAI_API_KEY": "sk-openai-test"}),
         )
     with engine.connect() as conn:
         row = get_agent_run(conn, run_id)

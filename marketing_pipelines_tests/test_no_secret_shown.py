@@ -37,10 +37,10 @@ from marketing_pipelines.http import ServiceError, send_with_retries
 from marketing_pipelines.monitoring.alert_sensor import run_failures_after
 from marketing_pipelines.monitoring.alerts import Alert, describe_failed_runs, format_alert
 from marketing_pipelines.redact import error_text, redact_text, redact_url, redact_urls, redact_value
-from marketing_pipelines.settings import SettingsError
+from marketing_pipelines.settings import SettingsError, load_settings
 from marketing_pipelines_tests.cli_runner import cli_for
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, settings_from
 from marketing_pipelines_tests.webserver import Received, Recorder, webhook_server
 
 USERINFO_SECRET = "PW_SECRET_1"
@@ -148,10 +148,20 @@ def _run_agents(engine: sa.Engine, db_url: str, instance: dg.DagsterInstance) ->
             ("campaign_brief", {"stage": "fail"}),
         ):
             request_agent_run(
-                conn, agent=agent, campaign_id="spring-launch", requested_by="ana", input=given, provider="openai"
+                conn,
+                agent=agent,
+                campaign_id="spring-launch",
+                requested_by="ana",
+                input=given,
+                provider="openai",
+                settings=load_settings(),  # the key and base URL the test put in the environment
             )
     # As the code location loads them: the key an EnvVar, the base URL plain config.
-    resources = {**model_resources(), "app_db": AppDatabase(url=db_url), "agent_settings": AgentSettings()}
+    resources = {
+        **model_resources(load_settings()),
+        "app_db": AppDatabase(url=db_url),
+        "agent_settings": AgentSettings(),
+    }
     return [
         agent_run_job.execute_in_process(
             run_config=r.run_config, tags=r.tags, instance=instance, resources=resources, raise_on_error=False
@@ -257,9 +267,13 @@ def test_a_header_value_with_a_newline_is_refused_without_quoting_it(engine: sa.
 )
 def test_an_api_key_that_could_never_be_sent_fails_loading_in_one_line_without_it(key: str) -> None:
     with pytest.raises(SettingsError) as raised:
-        model_resources({"OPENAI_API_KEY": key})
+        settings_from({"OPENAI_API_KEY": key})
     message = str(raised.value)
-    assert message.startswith("OPENAI_API_KEY ") and "\n" not in message and API_KEY_SECRET not in message
+    assert (
+        message.startswith("OPENAI_API_KEY=(a secret, not shown) is not valid: holds")
+        and "\n" not in message
+        and API_KEY_SECRET not in message
+    )
 
 
 def test_an_api_key_given_with_surrounding_white_space_is_stripped() -> None:

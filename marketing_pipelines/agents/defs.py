@@ -18,7 +18,7 @@ defs = dg.Definitions(
     resources={
         # "models" (the ModelGateway) and each provider under its registry key, so each provider's config
         # shows under its own resource in the UI and the gateway links to them.
-        **model_resources(),
+        **model_resources(current_settings()),
         "agent_settings": resource_from_settings(AgentSettings, current_settings()),
     },
 )

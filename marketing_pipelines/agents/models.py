@@ -18,10 +18,10 @@ import dagster as dg
 from marketing_pipelines.agents.providers.anthropic import AnthropicModel
 from marketing_pipelines.agents.providers.offline import OfflineModel
 from marketing_pipelines.agents.providers.openai import OpenAIModel
-from marketing_pipelines.agents.providers.registry import PROVIDERS, provider_resources_from_env, provider_spec
+from marketing_pipelines.agents.providers.registry import PROVIDERS, provider_resources, provider_spec
 from marketing_pipelines.agents.providers.types import ModelProvider
 from marketing_pipelines.http import ServiceError
-from marketing_pipelines.settings import shown_in_ui
+from marketing_pipelines.settings import Settings, shown_in_ui
 
 MODELS_RESOURCE_KEY = "models"
 
@@ -59,11 +59,11 @@ class ModelGateway(dg.ConfigurableResource):
         return resource
 
 
-def model_resources(environ: Mapping[str, str] | None = None) -> dict[str, dg.ConfigurableResource]:
+def model_resources(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, dg.ConfigurableResource]:
     """The agents domain's model resources: each provider under its registry key, and the gateway holding them.
 
-    ``environ`` (default: os.environ) is read through the registry where the code location loads.
+    ``environ`` (default: os.environ, where the code location loads) decides which keys are bound as EnvVars.
     """
-    providers = provider_resources_from_env(environ)
+    providers = provider_resources(settings, environ)
     gateway = ModelGateway(**providers)
     return {MODELS_RESOURCE_KEY: gateway, **{spec.resource_key: providers[spec.name] for spec in PROVIDERS}}

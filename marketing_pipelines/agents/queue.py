@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,7 +18,7 @@ from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.lease import RETRYABLE, LeaseQueue, cancel
 from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.settings import MODEL_PROVIDERS
+from marketing_pipelines.settings import MODEL_PROVIDERS, Settings, current_settings
 from marketing_pipelines.strict_json import parse_json_object
 
 AGENT_RUNS = LeaseQueue(
@@ -53,7 +52,7 @@ def parse_input(value: str | None) -> dict[str, Any]:
     return parse_json_object(value, "--input")
 
 
-def configured_provider_problem(provider: str, environ: Mapping[str, str]) -> str | None:
+def configured_provider_problem(provider: str, settings: Settings) -> str | None:
     """Why ``provider`` cannot be used in this deployment, or None when it can."""
     # Deferred: the registry loads every provider's Dagster resource and httpx, which the command
     # line's read commands (list, show, retry) import this module without needing.
@@ -62,7 +61,7 @@ def configured_provider_problem(provider: str, environ: Mapping[str, str]) -> st
     spec = provider_spec(provider)
     if spec is None:
         return f"unknown model provider {provider!r}; known: {', '.join(MODEL_PROVIDERS)}"
-    missing = spec.missing_key(environ)
+    missing = spec.missing_key(settings)
     if missing:
         return f"model provider {provider!r} is not configured: set {missing}"
     return None
@@ -78,7 +77,7 @@ def request_agent_run(
     provider: str = "offline",
     max_run_seconds: int = 300,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    environ: Mapping[str, str] | None = None,
+    settings: Settings | None = None,
 ) -> int:
     """Validate a request, capture the requester's current permissions on the campaign, insert a QUEUED row.
 
@@ -93,7 +92,8 @@ def request_agent_run(
     payload = definition.validate_input(dict(input or {}))
     if len(json.dumps(payload)) > MAX_INPUT_BYTES:
         raise InvalidInput(f"input is larger than {MAX_INPUT_BYTES} bytes")
-    problem = configured_provider_problem(provider, os.environ if environ is None else environ)
+    # The requester's settings (default: this process's): a provider without a key is refused at once.
+    problem = configured_provider_problem(provider, settings or current_settings())
     if problem:
         raise InvalidInput(problem)
     if not 1 <= max_run_seconds <= 86_400:

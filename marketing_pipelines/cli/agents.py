@@ -173,6 +173,7 @@ def agents_request(
                 input=payload,
                 provider=provider or s.model_provider,
                 max_run_seconds=max_run_seconds if max_run_seconds is not None else s.agent_max_run_seconds,
+                settings=s,
             )
         except AgentRunRefused as exc:
             refused = exc  # caught inside the transaction, so the REFUSED row it wrote is committed

@@ -27,7 +27,7 @@ from marketing_pipelines.agents.queue import request_agent_run, transcript
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, settings_from
 
 T = TypeVar("T")
 SPAWN = multiprocessing.get_context("spawn")
@@ -207,7 +207,7 @@ def request_openai_runs(engine: sa.Engine, n: int, max_run_seconds: int = 120) -
                     requested_by=REQUESTER,
                     provider="openai",
                     max_run_seconds=max_run_seconds,
-                    environ={"OPENAI_API_KEY": API_KEY},
+                    settings=settings_from({"OPENAI_API_KEY": API_KEY}),
                 )
             )
     return ids
@@ -255,16 +255,33 @@ def execute_run_request(run_config: Mapping[str, Any], tags: Mapping[str, str], 
         return result.success
 
 
+@contextmanager
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    """``env`` in this process's environment while the block runs, as it was afterwards."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def start_run_worker(request: dg.RunRequest, env: Mapping[str, str], resources: Mapping[str, Any] | None = None) -> Any:
-    """A run-worker process for ``request``; ``resources`` is run config for its resources, as the
-    launchpad gives it (the process's settings were read when it imported the project, before ``env``)."""
+    """A run-worker process for ``request``, started with ``env`` in its environment as a launched run
+    worker is (the project's settings are read when the child imports it); ``resources`` is run config
+    for its resources, as the launchpad gives it."""
     run_config = {**request.run_config, **({"resources": dict(resources)} if resources else {})}
     process = SPAWN.Process(
         target=execute_run_request,
         args=(run_config, dict(request.tags), dict(env)),
         name=f"run-worker-{request.run_key}",
     )
-    process.start()
+    with environment(env):
+        process.start()
     return process
 
 

@@ -24,7 +24,7 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run
 from marketing_pipelines_tests.agents.fake_models import anthropic_gateway, text_turn, tool_turn
 from marketing_pipelines_tests.agents.runs import output_metadata, run_one
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, settings_from
 
 INJECTED = (
     "Headline: Spring!\n"
@@ -52,7 +52,7 @@ def _request(engine: sa.Engine, **kw: Any) -> int:
         "requested_by": "ana",
         "input": {"stage": "launch"},
         "provider": "anthropic",
-        "environ": {"ANTHROPIC_API_KEY": "k"},
+        "settings": settings_from({"ANTHROPIC_API_KEY": "k"}),
     }
     args.update(kw)
     with engine.begin() as conn:

@@ -23,7 +23,7 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines_tests.agents.fake_models import anthropic_message
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, settings_from
 
 ALL_READ = ("campaign:read", "measurement:read", "execution:read")
 
@@ -218,7 +218,10 @@ def test_inactive_user_run_fails_with_a_clear_reason(people: sa.Engine, db_url: 
         ({"agent": "campaign_brief", "input": {}}, "needs input field 'stage'"),
         ({"input": {"colour": "red"}}, "does not take input field(s) colour"),
         ({"input": {"from": "yesterday"}}, "from 'yesterday' is not a date"),
-        ({"provider": "anthropic", "environ": {}}, "'anthropic' is not configured: set ANTHROPIC_API_KEY"),
+        (
+            {"provider": "anthropic", "settings": settings_from({})},
+            "'anthropic' is not configured: set ANTHROPIC_API_KEY",
+        ),
         ({"provider": "llama"}, "unknown model provider 'llama'"),
         ({"max_run_seconds": 0}, "max_run_seconds must be from 1 to 86400"),
     ],
@@ -279,7 +282,7 @@ def test_anthropic_provider_drives_the_loop_with_tool_use(
         agent="campaign_brief",
         input={"stage": "launch"},
         provider="anthropic",
-        environ={"ANTHROPIC_API_KEY": "k"},
+        settings=settings_from({"ANTHROPIC_API_KEY": "k"}),
     )
     [result] = _run_all(db_url, instance, models=MockAnthropicGateway())
     assert result.success

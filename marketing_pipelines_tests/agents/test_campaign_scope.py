@@ -29,7 +29,7 @@ from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines_tests.agents.fake_models import anthropic_gateway, text_turn, tool_turn
 from marketing_pipelines_tests.agents.runs import output_metadata, run_one
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, settings_from
 
 OURS, OTHER = "spring-launch", "secret-project"
 ANALYST_NEEDS = ("campaign:read", "measurement:read", "execution:read", "execution:write")
@@ -61,7 +61,7 @@ def _request(engine: sa.Engine, requested_by: str = "ana", **kw: Any) -> int:
             campaign_id=OURS,
             requested_by=requested_by,
             provider="anthropic",
-            environ=KEY,
+            settings=settings_from(KEY),
             **kw,
         )
 

@@ -24,6 +24,7 @@ from marketing_pipelines.agents.queue import configured_provider_problem
 from marketing_pipelines.http import ServiceError
 from marketing_pipelines.settings import MODEL_PROVIDERS
 from marketing_pipelines_tests.agents.fake_models import OPENAI_TEXT, SYSTEM
+from marketing_pipelines_tests.factories import settings_from
 
 PROVIDER_ENV = [env for spec in PROVIDERS for env in (spec.api_key_env, spec.model_env, spec.base_url_env) if env]
 
@@ -77,7 +78,7 @@ def test_model_resources_read_the_environment_through_the_registry() -> None:
         "OPENAI_BASE_URL": "http://llm.internal:8000/v1",
         "OPENAI_MODEL": "",  # empty counts as unset
     }
-    resources = model_resources(environ)
+    resources = model_resources(settings_from(environ), environ=environ)
 
     assert sorted(resources) == sorted(["models", *(spec.resource_key for spec in PROVIDERS)])
     anthropic, openai = resources["anthropic_model"], resources["openai_model"]
@@ -110,11 +111,11 @@ def test_code_location_registers_the_provider_resources() -> None:
     ],
 )
 def test_configured_provider_problem(provider: str, environ: dict[str, str], problem: str | None) -> None:
-    assert configured_provider_problem(provider, environ) == problem
+    assert configured_provider_problem(provider, settings_from(environ)) == problem
 
 
 def test_a_deployment_without_keys_loads_and_a_run_says_not_configured() -> None:
-    resources = model_resources({})
+    resources = model_resources(settings_from({}), environ={})
     with dg.build_resources({"models": resources["models"]}) as initialised:
         gateway = initialised.models
         assert gateway.provider("offline").name == "offline"
@@ -129,7 +130,8 @@ def test_a_key_set_at_load_resolves_in_the_run() -> None:
     code = (
         "import dagster as dg\n"
         "from marketing_pipelines.agents.models import model_resources\n"
-        "with dg.build_resources({'models': model_resources()['models']}) as initialised:\n"
+        "from marketing_pipelines.settings import current_settings\n"
+        "with dg.build_resources({'models': model_resources(current_settings())['models']}) as initialised:\n"
         "    print(initialised.models.provider('openai').api_key)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in PROVIDER_ENV}

@@ -22,7 +22,7 @@ from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines_tests.agents.fake_models import Script, openai_completion, scripted_openai
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, settings_from
 
 KEY = {"OPENAI_API_KEY": "sk-openai-test"}
 BRIEF = {"stage": "launch"}
@@ -62,7 +62,7 @@ def _run(engine: sa.Engine, agent: str, *responses: httpx.Response) -> tuple[lis
             requested_by="ana",
             input=BRIEF,
             provider="openai",
-            environ=KEY,
+            settings=settings_from(KEY),
         )
     with engine.connect() as conn:
         row = get_agent_run(conn, run_id)

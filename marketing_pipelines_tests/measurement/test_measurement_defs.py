@@ -8,8 +8,7 @@ import pytest
 from marketing_pipelines.definitions import defs
 from marketing_pipelines.measurement.assets import build_measurement_daily, marketing_event_asset, measurement_daily_job
 from marketing_pipelines.measurement.defs import importer_resources, left_out_importers
-from marketing_pipelines.measurement.sources import SOURCES
-from marketing_pipelines.settings import Settings, env_name, load_settings
+from marketing_pipelines_tests.factories import settings_from
 
 
 def test_measurement_keys_are_defined() -> None:
@@ -38,14 +37,6 @@ UNBOUND = {
 PLAUSIBLE_ENV = {"PLAUSIBLE_API_KEY": "k", "PLAUSIBLE_SITE_ID": "example.com"}
 
 
-def settings_with(environ: dict[str, str]) -> Settings:
-    """Settings whose importer credentials are exactly ``environ``'s (given by the services' variable names),
-    whatever this process's environment holds."""
-    fields: dict[str, str | None] = {field: None for source in SOURCES for field in source.settings}
-    by_variable = {env_name(field): field for field in Settings.model_fields}
-    return load_settings(**(fields | {by_variable[name]: value for name, value in environ.items()}))
-
-
 @pytest.mark.parametrize(
     ("environ", "importers"),
     [
@@ -58,7 +49,7 @@ def settings_with(environ: dict[str, str]) -> Settings:
 def test_an_importer_is_in_the_definitions_only_when_its_source_is_configured(
     environ: dict[str, str], importers: set[dg.AssetKey]
 ) -> None:
-    assets = build_measurement_daily(left_out=left_out_importers(settings_with(environ)))
+    assets = build_measurement_daily(left_out=left_out_importers(settings_from(environ)))
     assert set(assets.keys) == {ROLLUP, *importers}
     assert set(assets.asset_deps[ROLLUP]) == {dg.AssetKey("marketing_event"), *importers}
     assert {key.asset_key for key in assets.check_keys} == {ROLLUP, *importers}
@@ -72,18 +63,18 @@ def test_an_importer_is_in_the_definitions_only_when_its_source_is_configured(
 
 def test_the_daily_job_selects_the_importers_the_definitions_hold() -> None:
     for environ in ({}, {**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t"}):
-        assets = [marketing_event_asset, build_measurement_daily(left_out=left_out_importers(settings_with(environ)))]
+        assets = [marketing_event_asset, build_measurement_daily(left_out=left_out_importers(settings_from(environ)))]
         # Resources are bound where the deployment assembles them; the selection needs only the graph.
         graph = dg.Definitions(assets=assets, resources=UNBOUND).resolve_asset_graph()
         assert measurement_daily_job.selection.resolve(graph) == graph.materializable_asset_keys
 
 
 def test_importers_are_configured_from_env_vars_only_when_set() -> None:
-    unset = importer_resources(settings_with({}), environ={})
+    unset = importer_resources(settings_from({}), environ={})
     assert unset["plausible"].api_key is None and unset["github"].token is None
 
     environ = {**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t", "PLAUSIBLE_BASE_URL": "https://stats.example.org"}
-    configured = importer_resources(settings_with(environ), environ=environ)
+    configured = importer_resources(settings_from(environ), environ=environ)
     # Only the variables' names go into the definitions (and the UI), never their values.
     assert configured["plausible"].api_key == dg.EnvVar("PLAUSIBLE_API_KEY")
     assert configured["plausible"].site_id == dg.EnvVar("PLAUSIBLE_SITE_ID")
@@ -113,7 +104,7 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
         ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
     }
     day = "2026-11-20"
-    assets = build_measurement_daily(left_out=left_out_importers(settings_with({})))
+    assets = build_measurement_daily(left_out=left_out_importers(settings_from({})))
     with dg.instance_for_test() as instance:
         for _ in range(3):
             result = dg.materialize(

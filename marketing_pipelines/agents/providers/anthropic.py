@@ -8,7 +8,7 @@ from typing import Any
 from marketing_pipelines.agents.providers.base import HTTPModel, ProviderSpec, int_or_zero
 from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec
 from marketing_pipelines.http import ServiceError
-from marketing_pipelines.settings import shown_in_ui
+from marketing_pipelines.settings import setting_field, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_depth
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -18,8 +18,9 @@ ANTHROPIC_VERSION = "2023-06-01"
 class AnthropicModel(HTTPModel):
     """Claude through the Anthropic Messages API."""
 
-    model: str = "claude-sonnet-4-5"
-    base_url: str = "https://api.anthropic.com"
+    api_key: str | None = setting_field("anthropic_api_key", secret=True)
+    model: str = setting_field("anthropic_model")
+    base_url: str = setting_field("anthropic_base_url")
 
     @property
     def name(self) -> str:
@@ -50,9 +51,9 @@ class AnthropicModel(HTTPModel):
 ANTHROPIC = ProviderSpec(
     name="anthropic",
     resource_class=AnthropicModel,
-    api_key_env="ANTHROPIC_API_KEY",
-    model_env="ANTHROPIC_MODEL",
-    base_url_env="ANTHROPIC_BASE_URL",
+    api_key_setting="anthropic_api_key",
+    model_setting="anthropic_model",
+    base_url_setting="anthropic_base_url",
 )
 
 

@@ -7,7 +7,7 @@ Each provider translates the neutral records of ``types`` to and from one wire f
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,67 +17,47 @@ from pydantic import ConfigDict, PrivateAttr, field_validator
 
 from marketing_pipelines.http import ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.redact import redact_text
-from marketing_pipelines.settings import SettingsError, env_var_if_set, shown_in_ui
+from marketing_pipelines.settings import Settings, api_key_problem, env_name, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
-
-
-def api_key_problem(key: str) -> str | None:
-    """Why ``key`` (already stripped) cannot go into an HTTP header, without quoting it; None when it can.
-
-    httpx refuses a header value with a newline only when it writes the request, and its error quotes
-    the value ("Illegal header value b'Bearer sk-...'"), so a key is checked before any request.
-    """
-    if not key:
-        return "is empty"
-    if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
-        return "holds white space, a control character or a non-ASCII character inside (the value is not shown)"
-    return None
 
 
 @dataclass(frozen=True)
 class ProviderSpec:
-    """What a deployment needs to know about one provider: its name, its resource and the env vars that configure it.
+    """One provider: its name, its resource, and the settings (the service's own variables) that configure it.
 
     Each provider module declares its own spec next to its resource class; ``registry.PROVIDERS``
-    lists them. The default model and base URL are the resource class's field defaults, written once.
+    lists them. The resource's fields are those settings (``setting_field``), so defaults live in
+    ``Settings`` alone and ``resource_from_settings`` builds it like every other resource.
     """
 
     name: str
     resource_class: type[dg.ConfigurableResource]
-    api_key_env: str | None = None
-    model_env: str | None = None
-    base_url_env: str | None = None
+    api_key_setting: str | None = None
+    model_setting: str | None = None
+    base_url_setting: str | None = None
 
     @property
     def resource_key(self) -> str:
         """The provider resource's key in ``Definitions`` (the gateway holds the same instance)."""
         return f"{self.name}_model"
 
-    def missing_key(self, environ: Mapping[str, str]) -> str | None:
-        """The API-key env var this provider needs and ``environ`` lacks (or holds only white space), or None."""
-        if self.api_key_env and not environ.get(self.api_key_env, "").strip():
+    @property
+    def api_key_env(self) -> str | None:
+        return env_name(self.api_key_setting) if self.api_key_setting else None
+
+    @property
+    def model_env(self) -> str | None:
+        return env_name(self.model_setting) if self.model_setting else None
+
+    @property
+    def base_url_env(self) -> str | None:
+        return env_name(self.base_url_setting) if self.base_url_setting else None
+
+    def missing_key(self, settings: Settings) -> str | None:
+        """The API-key variable this provider needs and ``settings`` lack, or None."""
+        if self.api_key_setting and getattr(settings, self.api_key_setting) is None:
             return self.api_key_env
         return None
-
-    def resource_from_env(self, environ: Mapping[str, str]) -> dg.ConfigurableResource:
-        """The provider's resource as ``environ`` configures it; unset variables leave the class defaults.
-
-        The API key is bound as ``dg.EnvVar`` (its value never enters run config or the UI) and only
-        when the variable is set: an unset EnvVar would fail resource initialisation, and with it
-        every run, while a missing key should only fail the runs that use this provider. A key that
-        could never be sent fails loading here, in one line naming the variable; surrounding white
-        space (a trailing newline from a secrets file) is stripped when the resource is built.
-        """
-        config: dict[str, Any] = {}
-        if self.api_key_env and self.missing_key(environ) is None:
-            problem = api_key_problem(environ[self.api_key_env].strip())
-            if problem:
-                raise SettingsError(f"{self.api_key_env} {problem}")
-            config["api_key"] = env_var_if_set(self.api_key_env, environ)
-        for env_var, field in ((self.model_env, "model"), (self.base_url_env, "base_url")):
-            if env_var and environ.get(env_var):
-                config[field] = environ[env_var]
-        return self.resource_class(**config)
 
 
 @shown_in_ui

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from marketing_pipelines.agents.providers.base import HTTPModel, ProviderSpec, int_or_zero
 from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec
 from marketing_pipelines.http import ServiceError
-from marketing_pipelines.settings import shown_in_ui
+from marketing_pipelines.settings import setting_field, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_depth, check_text_depth
 
 
@@ -19,8 +19,9 @@ class OpenAIModel(HTTPModel):
     Requests go to ``POST {base_url}/chat/completions``.
     """
 
-    model: str = "gpt-4o-mini"
-    base_url: str = "https://api.openai.com/v1"
+    api_key: str | None = setting_field("openai_api_key", secret=True)
+    model: str = setting_field("openai_model")
+    base_url: str = setting_field("openai_base_url")
     # OpenAI deprecated "max_tokens" and its reasoning and newer models reject it, while some
     # OpenAI-compatible servers only understand "max_tokens"; the body key is therefore configurable.
     max_tokens_field: Literal["max_completion_tokens", "max_tokens"] = "max_completion_tokens"
@@ -52,9 +53,9 @@ class OpenAIModel(HTTPModel):
 OPENAI = ProviderSpec(
     name="openai",
     resource_class=OpenAIModel,
-    api_key_env="OPENAI_API_KEY",
-    model_env="OPENAI_MODEL",
-    base_url_env="OPENAI_BASE_URL",
+    api_key_setting="openai_api_key",
+    model_setting="openai_model",
+    base_url_setting="openai_base_url",
 )
 
 

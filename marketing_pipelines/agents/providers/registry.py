@@ -1,7 +1,7 @@
-"""The provider registry: every model provider's record, and the one place their env vars are read.
+"""The provider registry: every model provider's record, and its resources built from settings.
 
 Each record (``ProviderSpec``) gives a provider's name, resource class, resource key in
-``Definitions``, API-key env var, model env var, base-URL env var and default model:
+``Definitions`` and the settings that configure it, each read from the service's own variable:
 
     ============  ==============  =================  ===============  ==================
     name          resource        API key            model            base URL
@@ -19,14 +19,13 @@ read it without loading any provider).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 from marketing_pipelines.agents.providers.anthropic import ANTHROPIC, AnthropicModel
 from marketing_pipelines.agents.providers.base import ProviderSpec
 from marketing_pipelines.agents.providers.offline import OFFLINE, OfflineModel
 from marketing_pipelines.agents.providers.openai import OPENAI, OpenAIModel
-from marketing_pipelines.settings import MODEL_PROVIDERS
+from marketing_pipelines.settings import MODEL_PROVIDERS, Settings, resource_from_settings
 
 ProviderResource = OfflineModel | AnthropicModel | OpenAIModel
 
@@ -41,11 +40,11 @@ def provider_spec(name: str) -> ProviderSpec | None:
     return _BY_NAME.get(name)
 
 
-def provider_resources_from_env(environ: Mapping[str, str] | None = None) -> dict[str, ProviderResource]:
-    """One resource per provider, keyed by provider name, configured from ``environ`` (default: os.environ).
+def provider_resources(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, ProviderResource]:
+    """One resource per provider, keyed by provider name, as ``settings`` configure it.
 
-    Read where the code location loads. Model names and base URLs are plain config (they show in
-    the UI); API keys are ``dg.EnvVar``s bound only when set (see ``ProviderSpec.resource_from_env``).
+    Model names and base URLs are plain config (they show in the UI); API keys are ``dg.EnvVar``s
+    bound only when their variable is set in ``environ`` (default: os.environ, where the code
+    location loads), so a deployment without a key still loads.
     """
-    env = os.environ if environ is None else environ
-    return {spec.name: spec.resource_from_env(env) for spec in PROVIDERS}
+    return {spec.name: resource_from_settings(spec.resource_class, settings, environ=environ) for spec in PROVIDERS}
