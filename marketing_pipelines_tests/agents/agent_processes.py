@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
+from unittest import mock
 
 import dagster as dg
 import sqlalchemy as sa
@@ -255,21 +256,6 @@ def execute_run_request(run_config: Mapping[str, Any], tags: Mapping[str, str], 
         return result.success
 
 
-@contextmanager
-def environment(env: Mapping[str, str]) -> Iterator[None]:
-    """``env`` in this process's environment while the block runs, as it was afterwards."""
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def start_run_worker(request: dg.RunRequest, env: Mapping[str, str], resources: Mapping[str, Any] | None = None) -> Any:
     """A run-worker process for ``request``, started with ``env`` in its environment as a launched run
     worker is (the project's settings are read when the child imports it); ``resources`` is run config
@@ -280,7 +266,7 @@ def start_run_worker(request: dg.RunRequest, env: Mapping[str, str], resources: 
         args=(run_config, dict(request.tags), dict(env)),
         name=f"run-worker-{request.run_key}",
     )
-    with environment(env):
+    with mock.patch.dict(os.environ, env):  # the spawned child copies this process's environment
         process.start()
     return process
 
