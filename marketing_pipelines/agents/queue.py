@@ -67,6 +67,29 @@ def configured_provider_problem(provider: str, settings: Settings) -> str | None
     return None
 
 
+def _checked_request(
+    definition: AgentDefinition,
+    input: Mapping[str, Any] | None,
+    provider: str,
+    max_run_seconds: int,
+    max_attempts: int,
+    settings: Settings | None,
+) -> dict[str, Any]:
+    """The request's input as the agent accepts it; InvalidInput names the first thing that is wrong."""
+    payload = definition.validate_input(dict(input or {}))
+    if len(json.dumps(payload)) > MAX_INPUT_BYTES:
+        raise InvalidInput(f"input is larger than {MAX_INPUT_BYTES} bytes")
+    # The requester's settings (default: this process's): a provider without a key is refused at once.
+    problem = configured_provider_problem(provider, settings or current_settings())
+    if problem:
+        raise InvalidInput(problem)
+    if not 1 <= max_run_seconds <= 86_400:
+        raise InvalidInput(f"max_run_seconds must be from 1 to 86400, got {max_run_seconds}")
+    if not 1 <= max_attempts <= 100:
+        raise InvalidInput(f"max_attempts must be from 1 to 100, got {max_attempts}")
+    return payload
+
+
 def request_agent_run(
     conn: sa.Connection,
     *,
@@ -89,17 +112,7 @@ def request_agent_run(
     ``AgentRunRefused``, so a refusal leaves a trace that ``agents list`` shows.
     """
     definition = get_agent(agent)
-    payload = definition.validate_input(dict(input or {}))
-    if len(json.dumps(payload)) > MAX_INPUT_BYTES:
-        raise InvalidInput(f"input is larger than {MAX_INPUT_BYTES} bytes")
-    # The requester's settings (default: this process's): a provider without a key is refused at once.
-    problem = configured_provider_problem(provider, settings or current_settings())
-    if problem:
-        raise InvalidInput(problem)
-    if not 1 <= max_run_seconds <= 86_400:
-        raise InvalidInput(f"max_run_seconds must be from 1 to 86400, got {max_run_seconds}")
-    if not 1 <= max_attempts <= 100:
-        raise InvalidInput(f"max_attempts must be from 1 to 100, got {max_attempts}")
+    payload = _checked_request(definition, input, provider, max_run_seconds, max_attempts, settings)
     require_campaign(conn, campaign_id)
     user = require_user(conn, requested_by)
     grants, refusal = requester_refusal(conn, user, campaign_id, definition)

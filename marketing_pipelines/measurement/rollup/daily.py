@@ -223,6 +223,46 @@ def day_counts(conn: sa.Connection, day: date, limit: int = MAX_SHOWN_COUNTS) ->
     return tuple(sorted(counts, key=lambda c: (c.campaign_id, c.source, c.stage, c.event_type)))
 
 
+def site_analytics_rows(day: date, now: datetime) -> sa.Select[tuple[object, ...]]:
+    """The day's rollup rows of site analytics: pageviews per campaign, matched by its utm_campaign."""
+    s = site_analytics_daily
+    join = s.join(campaign, campaign.c.utm_campaign == s.c.utm_campaign)
+    return _importer_rows(day, now, SITE_ANALYTICS, SITE_STAGE, SITE_EVENT_TYPE, s.c.pageviews, join).where(
+        s.c.day == day
+    )
+
+
+def release_download_rows(day: date, now: datetime) -> sa.Select[tuple[object, ...]]:
+    """The day's rollup rows of GitHub release downloads per campaign, matched by its github_repo."""
+    g = github_release_download_daily
+    join = g.join(campaign, campaign.c.github_repo == g.c.repo)
+    # A baseline row's downloads are unknown (no earlier snapshot), so it is left out, not counted as 0.
+    return _importer_rows(day, now, GITHUB_RELEASES, RELEASE_STAGE, RELEASE_EVENT_TYPE, g.c.downloads, join).where(
+        g.c.day == day, g.c.baseline.is_(False)
+    )
+
+
+def _day_written(conn: sa.Connection, day: date) -> _DayWritten:
+    """What the day's rollup rows hold now: per-source totals, distinct campaigns and event types, the counts."""
+    r = measurement_daily_rollup
+    totals = conn.execute(
+        sa.select(
+            r.c.source,
+            sa.func.count().label("rows"),
+            sa.func.coalesce(sa.func.sum(r.c.raw_count), 0).label("raw_count"),
+            sa.func.coalesce(sa.func.sum(r.c.unique_actors), 0).label("unique_actors"),
+        )
+        .where(r.c.day == day)
+        .group_by(r.c.source)
+    ).all()
+    campaigns, event_types = conn.execute(
+        sa.select(sa.func.count(sa.distinct(r.c.campaign_id)), sa.func.count(sa.distinct(r.c.event_type))).where(
+            r.c.day == day
+        )
+    ).one()
+    return _DayWritten(list(totals), int(campaigns or 0), int(event_types or 0), day_counts(conn, day))
+
+
 def _replace_day(engine: sa.Engine, day: date) -> _DayWritten:
     """One day's delete-and-rebuild in its own transaction; returns what it wrote, as the metadata shows it."""
     now = datetime.now(UTC)
@@ -248,53 +288,9 @@ def _replace_day(engine: sa.Engine, day: date) -> _DayWritten:
                     for a, hll in first_party
                 ],
             )
-        s, g = site_analytics_daily, github_release_download_daily
-        conn.execute(
-            sa.insert(r).from_select(
-                _ROLLUP_COLUMNS,
-                _importer_rows(
-                    day,
-                    now,
-                    SITE_ANALYTICS,
-                    SITE_STAGE,
-                    SITE_EVENT_TYPE,
-                    s.c.pageviews,
-                    s.join(campaign, campaign.c.utm_campaign == s.c.utm_campaign),
-                ).where(s.c.day == day),
-            )
-        )
-        conn.execute(
-            sa.insert(r).from_select(
-                _ROLLUP_COLUMNS,
-                _importer_rows(
-                    day,
-                    now,
-                    GITHUB_RELEASES,
-                    RELEASE_STAGE,
-                    RELEASE_EVENT_TYPE,
-                    g.c.downloads,
-                    g.join(campaign, campaign.c.github_repo == g.c.repo),
-                    # A baseline row's downloads are unknown (no earlier snapshot), so it is left out, not counted as 0.
-                ).where(g.c.day == day, g.c.baseline.is_(False)),
-            )
-        )
-        totals = conn.execute(
-            sa.select(
-                r.c.source,
-                sa.func.count().label("rows"),
-                sa.func.coalesce(sa.func.sum(r.c.raw_count), 0).label("raw_count"),
-                sa.func.coalesce(sa.func.sum(r.c.unique_actors), 0).label("unique_actors"),
-            )
-            .where(r.c.day == day)
-            .group_by(r.c.source)
-        ).all()
-        campaigns, event_types = conn.execute(
-            sa.select(sa.func.count(sa.distinct(r.c.campaign_id)), sa.func.count(sa.distinct(r.c.event_type))).where(
-                r.c.day == day
-            )
-        ).one()
-        counts = day_counts(conn, day)
-    return _DayWritten(list(totals), int(campaigns or 0), int(event_types or 0), counts)
+        for imported in (site_analytics_rows(day, now), release_download_rows(day, now)):
+            conn.execute(sa.insert(r).from_select(_ROLLUP_COLUMNS, imported))
+        return _day_written(conn, day)
 
 
 def _summary(day: date, written: _DayWritten, week_rows: int) -> RollupSummary:
