@@ -79,8 +79,8 @@ def test_importers_are_configured_from_env_vars_only_when_set() -> None:
     assert configured["plausible"].api_key == dg.EnvVar("PLAUSIBLE_API_KEY")
     assert configured["plausible"].site_id == dg.EnvVar("PLAUSIBLE_SITE_ID")
     assert configured["github"].token == dg.EnvVar("GITHUB_TOKEN")
-    # Not a secret: the value itself, as the UI shows it; unset, the service's public default.
-    assert configured["plausible"].base_url == "https://stats.example.org"
+    # A base URL set is shown by its variable's name too (it may carry credentials); unset, the public default.
+    assert configured["plausible"].base_url == dg.EnvVar("PLAUSIBLE_BASE_URL")
     assert configured["github"].base_url == "https://api.github.com"
 
 
