@@ -55,9 +55,12 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
 from marketing_pipelines.executions.queue import EXECUTIONS
 from marketing_pipelines.executions.resources import ExecutionSettings
-from marketing_pipelines.executions.sensors import due_executions_sensor
+from marketing_pipelines.executions.sensors import build_due_executions_sensor
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.factories import add_campaign
+
+# Evaluated directly, as the daemon would: the interval only paces the daemon's ticks.
+due_executions_sensor = build_due_executions_sensor(interval_seconds=1)
 
 DEPLOY_YAML = Path(__file__).resolve().parent.parent / "deploy" / "dagster.yaml"
 

@@ -49,10 +49,12 @@ def _run(url: str, executions: int, batch: int, per_run: int, mode: str) -> tupl
     from _seed import seed_due
 
     from marketing_pipelines.definitions import defs
-    from marketing_pipelines.executions.sensors import due_executions_sensor, executions_of_run
+    from marketing_pipelines.executions.sensors import executions_of_run
 
     seed_due(url, executions)
-    job = defs.resolve_job_def("marketing_execution_job")
+    code_location = defs()
+    job = code_location.resolve_job_def("marketing_execution_job")
+    due_executions_sensor = code_location.resolve_sensor_def("due_executions_sensor")
     ticks: list[float] = []
     created = 0
     started = 0.0  # seconds spent starting the runs (not measured): the next tick claims only what they took over

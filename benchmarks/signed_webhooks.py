@@ -38,9 +38,12 @@ from marketing_pipelines.executions.endpoints import add_endpoint
 from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
-from marketing_pipelines.executions.sensors import due_executions_sensor
+from marketing_pipelines.executions.sensors import build_due_executions_sensor
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.sealing import SecretBox, new_key
+
+# Evaluated directly, as the daemon would: the interval only paces the daemon's ticks.
+due_executions_sensor = build_due_executions_sensor(interval_seconds=1)
 
 LOCAL = "127.0.0.1/32"
 KEY = new_key()

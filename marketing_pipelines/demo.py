@@ -27,7 +27,7 @@ from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import list_agent_runs, request_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
+from marketing_pipelines.agents.sensors import build_queued_agent_runs_sensor
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine, sqlite_path
 from marketing_pipelines.db.migrate import current_revision, upgrade
@@ -39,7 +39,7 @@ from marketing_pipelines.executions.endpoints import add_endpoint, remove_endpoi
 from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import execution_with_dedupe_key, list_executions, schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
-from marketing_pipelines.executions.sensors import due_executions_sensor, executions_of_run
+from marketing_pipelines.executions.sensors import build_due_executions_sensor, executions_of_run
 from marketing_pipelines.executions.signing import signature
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.measurement.demo import run_measurement_demo
@@ -246,14 +246,14 @@ def run_demo(days: int = 7, echo: Echo = print, settings: Settings | None = None
         echo("[3/4] Measurement, then the claiming sensors' ticks and the runs they launch (.marketing/dagster_home)")
         with demo_instance() as instance:
             # Measurement first, so the agents' read_measurement tool finds the rollup.
-            run_measurement_demo(engine, instance, echo, days)
+            run_measurement_demo(engine, instance, echo, days, settings)
             if daemon_running(instance):
                 # `marketing-pipelines ui` is up on this instance: its daemon claims the work (two
                 # claimers are safe, but the demo's receiver must outlive whichever runs the webhook).
                 echo("      the UI's dagster-daemon is running on this instance: it claims and runs the work")
                 _wait_for_daemon(engine, scheduled, requested, echo)
             else:
-                launched = _drain(instance, _demo_resources(settings), echo)
+                launched = _drain(instance, settings, echo)
                 echo(f"      {launched} runs finished")
         signed = f", {_verified(secret, received)} with a valid signature" if secret else ""
         echo(f"      the webhook receiver got {len(received)} request(s){signed}")
@@ -402,9 +402,11 @@ def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], 
         return ids, reused, refused
 
 
-def _drain(instance: dg.DagsterInstance, resources: dict[str, Any], echo: Echo, max_ticks: int = 20) -> int:
+def _drain(instance: dg.DagsterInstance, settings: Settings, echo: Echo, max_ticks: int = 20) -> int:
     """Tick the two claiming sensors until neither finds anything, running each requested run on the instance."""
-    sensors = [due_executions_sensor, queued_agent_runs_sensor]
+    interval = settings.sensor_interval_seconds  # the daemon's business; the demo ticks them itself
+    sensors = [build_due_executions_sensor(interval), build_queued_agent_runs_sensor(interval)]
+    resources = _demo_resources(settings)
     # A context manager: the model gateway's providers hold an HTTP client they close at teardown.
     with dg.build_sensor_context(instance=instance, resources=resources) as context:
         launched = 0

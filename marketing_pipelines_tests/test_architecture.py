@@ -70,6 +70,43 @@ def test_only_settings_reads_marketing_variables() -> None:
     assert readers == set()  # settings.py reads them through pydantic-settings, by field name
 
 
+SETTINGS_READERS = {"current_settings", "load_settings"}
+
+
+def _settings_read_at_import(node: ast.AST, in_function: bool = False) -> list[int]:
+    """Lines where ``node`` calls a settings reader outside any function body: when its module is imported.
+
+    Decorator arguments and default values run at import too; class bodies as well.
+    """
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+        at_import = [*getattr(node, "decorator_list", []), *node.args.defaults, *node.args.kw_defaults]
+        body = node.body if isinstance(node.body, list) else [node.body]
+        return [
+            *(line for expr in at_import if expr is not None for line in _settings_read_at_import(expr, in_function)),
+            *(line for statement in body for line in _settings_read_at_import(statement, True)),
+        ]
+    lines = []
+    if not in_function and isinstance(node, ast.Call):
+        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        if name in SETTINGS_READERS:
+            lines.append(node.lineno)
+    return lines + [
+        line for child in ast.iter_child_nodes(node) for line in _settings_read_at_import(child, in_function)
+    ]
+
+
+def test_no_module_reads_settings_when_imported() -> None:
+    # Definitions are built by build_defs(settings); a module that read settings at import would fix
+    # what it shapes for every Settings a test or the demo builds definitions from.
+    package = Path(marketing_pipelines.__file__).parent
+    read = {
+        f"{path.relative_to(package)}:{line}"
+        for path in package.rglob("*.py")
+        for line in _settings_read_at_import(ast.parse(path.read_text(encoding="utf-8")))
+    }
+    assert read == set()
+
+
 def test_no_test_changes_a_setting_through_the_environment_or_a_module_reload() -> None:
     # Tests build resources (ExecutionSettings(...), AgentSettings(...)) or hand a child process its env.
     offenders = {

@@ -17,17 +17,13 @@ from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import get_agent_run, request_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.agents.sensors import (
-    agent_run_canceled_sensor,
-    agent_run_failure_sensor,
-    queued_agent_runs_sensor,
-)
+from marketing_pipelines.agents.sensors import agent_run_canceled_sensor, agent_run_failure_sensor
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
-from marketing_pipelines.executions.sensors import due_executions_sensor
 from marketing_pipelines.executions.webhook import WebhookClient
+from marketing_pipelines_tests.built import due_executions_sensor, queued_agent_runs_sensor
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Received, webhook_server

@@ -229,7 +229,7 @@ def test_executions_show_prints_each_attempt_with_its_run_and_the_last_error(rea
     import dagster as dg
 
     from marketing_pipelines.executions.resources import ExecutionSettings
-    from marketing_pipelines.executions.sensors import due_executions_sensor
+    from marketing_pipelines_tests.built import due_executions_sensor
     from marketing_pipelines_tests.executions.runs import perform, sensor_requests
 
     url = f"sqlite:///{ready_db}"
@@ -286,7 +286,7 @@ def test_loading_the_definitions_prints_no_beta_warning_about_sensor_owners() ->
     import subprocess
     import sys
 
-    code = "import marketing_pipelines.definitions as d; d.defs.get_repository_def()"
+    code = "import marketing_pipelines.definitions as d; d.defs().get_repository_def()"
     done = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "owners" not in done.stderr

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from marketing_pipelines.definitions import defs
 from marketing_pipelines.measurement.sources import SOURCES, missing_variables
 from marketing_pipelines.settings import current_settings
+from marketing_pipelines_tests.built import DEFS
 
 # Each importer is defined only where its source is configured (measurement/sources.py); CI configures neither.
 CONFIGURED = {s.asset for s in SOURCES if s.name not in missing_variables(current_settings())}
@@ -65,27 +65,27 @@ RESOURCES = [
 
 
 def test_definitions_load_with_exactly_the_expected_keys() -> None:
-    dg.Definitions.validate_loadable(defs)
-    repo = defs.get_repository_def()
-    graph = defs.resolve_asset_graph()
+    dg.Definitions.validate_loadable(DEFS)
+    repo = DEFS.get_repository_def()
+    graph = DEFS.resolve_asset_graph()
     assert {key.to_user_string() for key in graph.get_all_asset_keys()} == ASSETS
     assert {(key.asset_key.to_user_string(), key.name) for key in graph.asset_check_keys} == ASSET_CHECKS
     # Dagster's implicit job of all assets (__ASSET_JOB) is not one of ours.
     assert {name for name in repo.job_names if not name.startswith("__")} == JOBS
     assert {s.name for s in repo.sensor_defs} == SENSORS
     assert {s.name for s in repo.schedule_defs} == SCHEDULES
-    assert sorted(defs.resources) == sorted(RESOURCES)
+    assert sorted(DEFS.resources) == sorted(RESOURCES)
 
 
 def test_sensors_start_running() -> None:
     # A fresh deployment's daemon ticks them with nobody clicking "start".
-    sensors = defs.get_repository_def().sensor_defs
+    sensors = DEFS.get_repository_def().sensor_defs
     assert {s.name: s.default_status for s in sensors} == {s.name: dg.DefaultSensorStatus.RUNNING for s in sensors}
 
 
 def _descriptions() -> dict[str, str | None]:
     """Every description the UI shows, by what it describes: assets, checks, jobs, sensors, schedules, resources."""
-    repo, graph = defs.get_repository_def(), defs.resolve_asset_graph()
+    repo, graph = DEFS.get_repository_def(), DEFS.resolve_asset_graph()
     shown: dict[str, str | None] = {
         f"asset {k.to_user_string()}": graph.get(k).description for k in graph.get_all_asset_keys()
     }
@@ -96,7 +96,7 @@ def _descriptions() -> dict[str, str | None]:
     shown |= {f"job {j.name}": j.description for j in repo.get_all_jobs() if not j.name.startswith("__")}
     shown |= {f"sensor {s.name}": s.description for s in repo.sensor_defs}
     shown |= {f"schedule {s.name}": s.description for s in repo.schedule_defs}
-    shown |= {f"resource {n}": r.get_resource_definition().description for n, r in defs.resources.items()}
+    shown |= {f"resource {n}": r.get_resource_definition().description for n, r in DEFS.resources.items()}
     return shown
 
 

@@ -545,7 +545,7 @@ def test_the_shipped_instance_is_size_py_for_two_cores(size_py: Any) -> None:
 def test_size_py_counts_the_sensors_the_project_defines(size_py: Any) -> None:
     from marketing_pipelines.definitions import defs
 
-    assert len(defs.get_repository_def().sensor_defs) == size_py.SENSORS
+    assert len(defs().get_repository_def().sensor_defs) == size_py.SENSORS
 
 
 @pytest.mark.parametrize(

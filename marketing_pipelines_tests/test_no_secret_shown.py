@@ -25,19 +25,18 @@ from marketing_pipelines.agents.models import model_resources
 from marketing_pipelines.agents.providers.openai import OpenAIModel
 from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, agent_run_step, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
-from marketing_pipelines.executions.sensors import due_executions_sensor
 from marketing_pipelines.http import ServiceError, send_with_retries
 from marketing_pipelines.monitoring.alert_sensor import run_failures_after
 from marketing_pipelines.monitoring.alerts import Alert, describe_failed_runs, format_alert
 from marketing_pipelines.redact import error_text, redact_text, redact_url, redact_urls, redact_value
 from marketing_pipelines.settings import SettingsError, load_settings
+from marketing_pipelines_tests.built import due_executions_sensor, queued_agent_runs_sensor
 from marketing_pipelines_tests.cli_runner import cli_for
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign, settings_from

@@ -10,13 +10,12 @@ import dagster as dg
 import pytest
 
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.queue import schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
-from marketing_pipelines.executions.sensors import due_executions_sensor
 from marketing_pipelines.measurement.sensors import build_late_events_sensor
+from marketing_pipelines_tests.built import DEFAULTS, due_executions_sensor, queued_agent_runs_sensor
 from marketing_pipelines_tests.factories import add_campaign
 
 
@@ -56,7 +55,7 @@ def tick(
         due_executions_sensor,
         # Its first tick applies the pool limit (and says so); the second is a steady-state empty tick.
         queued_agent_runs_sensor,
-        build_late_events_sensor(settle_seconds=0),
+        build_late_events_sensor(DEFAULTS, settle_seconds=0),
     ],
     ids=lambda s: s.name,
 )

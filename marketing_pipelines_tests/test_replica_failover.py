@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_execution
-from marketing_pipelines.definitions import defs
+from marketing_pipelines_tests.built import DEFS
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.processes import (
     REPO_ROOT,
@@ -261,7 +261,7 @@ def test_a_replica_killed_while_work_is_launched_costs_no_execution_and_no_lease
     # One codebase, one location: the UI shows the whole asset graph under one name, before and after the kill.
     names, assets = located
     assert names == ["marketing_pipelines"] and after == located
-    assert assets == len(list(defs.resolve_asset_graph().get_all_asset_keys()))
+    assert assets == len(list(DEFS.resolve_asset_graph().get_all_asset_keys()))
     assert "multiple code locations" not in daemon_log
     # Each sensor and schedule is stored once, and the claiming sensor ticks once per interval, not once per replica.
     stored = _stored_instigators(dagster)

@@ -5,20 +5,22 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
+from datetime import date
 
 import dagster as dg
 import pytest
 
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.definitions import defs
+from marketing_pipelines.definitions import build_defs
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.monitoring.alerts import AlertWebhook
 from marketing_pipelines.monitoring.resources import HealthSettings
 from marketing_pipelines.settings import Settings, SettingsError, env_name, load_settings, resource_from_settings
+from marketing_pipelines_tests.built import DEFS
+from marketing_pipelines_tests.processes import dagster_bin
 
 # Settings that shape definitions rather than runs: the UI shows them as what they shape.
 STRUCTURAL = {
@@ -39,7 +41,7 @@ CLI_DEFAULTS = {
 
 def _env_vars_shown_by_resources() -> set[str]:
     shown = set()
-    for resource in defs.resources.values():
+    for resource in DEFS.resources.values():
         if isinstance(resource, dg.ConfigurableResource):
             for field in type(resource).model_fields.values():
                 shown.update(re.findall(r"Env var: (\w+)", field.description or ""))
@@ -137,35 +139,38 @@ def test_a_bad_setting_is_one_line_naming_the_variable(overrides: dict, message:
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
-def _load_definitions(env: dict[str, str], code: str) -> subprocess.CompletedProcess[str]:
-    # A new interpreter reads its environment as a deployed code location does.
+def test_the_definitions_are_shaped_by_the_settings_they_are_built_from() -> None:
+    settings = load_settings(
+        executions_per_run=7,
+        sensor_interval_seconds=11,
+        late_events_interval_seconds=40,
+        backfill_days_per_run=9,
+        measurement_start_date=date(2026, 6, 1),
+    )
+    built = build_defs(settings)
+    assert built.resources["execution_settings"].executions_per_run == 7
+    intervals = {s.name: s.minimum_interval_seconds for s in built.get_repository_def().sensor_defs}
+    assert intervals["due_executions_sensor"] == intervals["queued_agent_runs_sensor"] == 11
+    assert intervals["measurement_late_events_sensor"] == intervals["measurement_freshness_sensor"] == 40
+    rollup = built.resolve_assets_def(dg.AssetKey("measurement_daily_rollup"))
+    assert rollup.partitions_def is not None and rollup.partitions_def.get_first_partition_key() == "2026-06-01"
+    assert rollup.backfill_policy is not None and rollup.backfill_policy.max_partitions_per_run == 9
+    # The defaults build other definitions: nothing was fixed when the modules were imported.
+    assert DEFS.resolve_assets_def(dg.AssetKey("measurement_daily_rollup")).backfill_policy != rollup.backfill_policy
+
+
+def test_a_bad_setting_stops_the_code_location_from_loading_with_one_clear_line() -> None:
+    # What Dagster's loader prints for a deployment's environment, which only a process of its own has.
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MARKETING_")}
-    return subprocess.run(
-        [sys.executable, "-c", f"from marketing_pipelines.definitions import defs\n{code}"],
-        env={**clean, **env},
+    failed = subprocess.run(
+        [dagster_bin("dagster"), "definitions", "validate", "-m", "marketing_pipelines.definitions"],
+        env={**clean, "MARKETING_EXECUTIONS_PER_RUN": "0"},
         capture_output=True,
         text=True,
         timeout=120,
     )
-
-
-def test_the_code_location_builds_its_resources_from_the_environment() -> None:
-    shown = _load_definitions(
-        {"MARKETING_EXECUTIONS_PER_RUN": "7", "MARKETING_DATABASE_URL": "sqlite:////tmp/x.db"},
-        "import dagster as dg\n"
-        "r = defs.resources\n"
-        "url_is_env_var = r['app_db'].url == dg.EnvVar('MARKETING_DATABASE_URL')\n"
-        "print(r['execution_settings'].executions_per_run, r['webhook'].concurrency, url_is_env_var)",
-    )
-    assert shown.returncode == 0, shown.stderr
-    # The URL stays an EnvVar: the UI shows the variable's name, never a password inside it.
-    assert shown.stdout.split() == ["7", "32", "True"]
-
-
-def test_a_bad_setting_stops_the_code_location_from_loading_with_one_clear_line() -> None:
-    failed = _load_definitions({"MARKETING_EXECUTIONS_PER_RUN": "0"}, "")
     assert failed.returncode != 0
-    assert "MARKETING_EXECUTIONS_PER_RUN='0' is not valid: must be between 1 and 1000" in failed.stderr
+    assert "MARKETING_EXECUTIONS_PER_RUN='0' is not valid: must be between 1 and 1000" in failed.stdout + failed.stderr
 
 
 def test_the_services_own_variables_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:

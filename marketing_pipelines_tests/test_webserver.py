@@ -14,7 +14,7 @@ import dagster as dg
 import httpx
 import pytest
 
-from marketing_pipelines.definitions import defs
+from marketing_pipelines_tests.built import DEFS
 from marketing_pipelines_tests.processes import REPO_ROOT, child_env, dagster_bin, free_port, running, start, wait_for
 
 # A real webserver process: end to end, left out of the quick loop.
@@ -124,7 +124,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, sqlite_template: Path) -> d
 
 @pytest.fixture(scope="module")
 def repo_def() -> dg.RepositoryDefinition:
-    return defs.get_repository_def()
+    return DEFS.get_repository_def()
 
 
 def test_jobs_match_defs(served: dict[str, Any], repo_def: dg.RepositoryDefinition) -> None:
@@ -181,7 +181,7 @@ def test_assets_checks_and_daily_partitions_match_defs(
 
 def test_settings_show_as_resource_config_and_secrets_as_env_var_names(served: dict[str, Any]) -> None:
     resources = {r["name"]: r for r in served["allTopLevelResourceDetails"]}
-    assert set(resources) == set(defs.resources)
+    assert set(resources) == set(DEFS.resources)
 
     def values(name: str) -> dict[str, tuple[str, str]]:
         return {v["key"]: (v["value"], v["type"]) for v in resources[name]["configuredValues"]}

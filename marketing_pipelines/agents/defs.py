@@ -8,17 +8,24 @@ from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import (
     agent_run_canceled_sensor,
     agent_run_failure_sensor,
-    queued_agent_runs_sensor,
+    build_queued_agent_runs_sensor,
 )
-from marketing_pipelines.settings import current_settings, resource_from_settings
+from marketing_pipelines.settings import Settings, resource_from_settings
 
-defs = dg.Definitions(
-    jobs=[agent_run_job],
-    sensors=[queued_agent_runs_sensor, agent_run_failure_sensor, agent_run_canceled_sensor],
-    resources={
-        # "models" (the ModelGateway) and each provider under its registry key, so each provider's config
-        # shows under its own resource in the UI and the gateway links to them.
-        **model_resources(current_settings()),
-        "agent_settings": resource_from_settings(AgentSettings, current_settings()),
-    },
-)
+
+def build_defs(settings: Settings) -> dg.Definitions:
+    """The domain's definitions as ``settings`` shape them: the claiming sensor's interval and the resources."""
+    return dg.Definitions(
+        jobs=[agent_run_job],
+        sensors=[
+            build_queued_agent_runs_sensor(settings.sensor_interval_seconds),
+            agent_run_failure_sensor,
+            agent_run_canceled_sensor,
+        ],
+        resources={
+            # "models" (the ModelGateway) and each provider under its registry key, so each provider's config
+            # shows under its own resource in the UI and the gateway links to them.
+            **model_resources(settings),
+            "agent_settings": resource_from_settings(AgentSettings, settings),
+        },
+    )

@@ -18,11 +18,11 @@ from marketing_pipelines.db.lease import CANCELLED, new_claim_owner, renew_many
 from marketing_pipelines.db.leased_runs import (
     RECONCILE_INTERVAL_SECONDS,
     claim_requests,
+    claiming_sensor,
     reconcile_run,
     sensor_instance,
 )
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.settings import current_settings
 
 # Claimed agent runs per unit of pool limit: the pool's own, plus as many waiting in Dagster's run queue
 # to start the moment one ends (docs/PERFORMANCE.md, "Agent pool kept busy").
@@ -135,22 +135,10 @@ def _pool_limit(context: dg.SensorEvaluationContext, setting: int) -> int:
     return context.instance.event_log_storage.get_concurrency_info(POOL).slot_count
 
 
-@dg.sensor(
-    name="queued_agent_runs_sensor",
-    jobs=[agent_run_job],
-    minimum_interval_seconds=current_settings().sensor_interval_seconds,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description=(
-        "Applies MARKETING_MAX_CONCURRENT_AGENT_RUNS to the agent_runs pool when it changes (a UI edit stands "
-        "until then), recovers expired agent-run leases and claims as many queued agent "
-        "runs as the pool has room for and as many again, to wait in the run queue (FOR UPDATE SKIP LOCKED on "
-        "PostgreSQL), one run each. Safe to evaluate "
-        "on many replicas at once."
-    ),
-)
-def queued_agent_runs_sensor(
+def claim_queued_agent_runs(
     context: dg.SensorEvaluationContext, app_db: AppDatabase, agent_settings: AgentSettings
 ) -> dg.SensorResult | dg.SkipReason:
+    """One tick of ``queued_agent_runs_sensor``: apply the pool limit, claim what it has room for, one run each."""
     engine = app_db.ready_engine_or_skip()
     if isinstance(engine, dg.SkipReason):
         return engine
@@ -167,6 +155,22 @@ def queued_agent_runs_sensor(
         return dg.SkipReason(f"Nothing to start ({summary}).")
     context.log.info(summary)
     return dg.SensorResult(run_requests=requests)
+
+
+def build_queued_agent_runs_sensor(interval_seconds: int) -> dg.SensorDefinition:
+    """The claiming sensor, evaluated at most every ``interval_seconds`` (MARKETING_SENSOR_INTERVAL_SECONDS)."""
+    return claiming_sensor(
+        claim_queued_agent_runs,
+        name="queued_agent_runs_sensor",
+        job=agent_run_job,
+        interval_seconds=interval_seconds,
+        description=(
+            "Applies MARKETING_MAX_CONCURRENT_AGENT_RUNS to the agent_runs pool when it changes (a UI edit stands "
+            "until then), recovers expired agent-run leases and claims as many queued agent runs as the pool has "
+            "room for and as many again, to wait in the run queue (FOR UPDATE SKIP LOCKED on PostgreSQL), one run "
+            "each. Safe to evaluate on many replicas at once."
+        ),
+    )
 
 
 @dg.run_failure_sensor(

@@ -145,6 +145,26 @@ class _LaunchedClaims:
 _launched_claims = _LaunchedClaims()
 
 
+def claiming_sensor(
+    tick: Callable[..., dg.SensorResult | dg.SkipReason],
+    *,
+    name: str,
+    job: dg.JobDefinition,
+    interval_seconds: int,
+    description: str,
+) -> dg.SensorDefinition:
+    """A queue's claiming sensor: ``tick`` (whose parameters name the resources it takes, as any sensor
+    function's do) evaluated at most every ``interval_seconds`` (MARKETING_SENSOR_INTERVAL_SECONDS), on
+    from the start, launching ``job``."""
+    return dg.sensor(
+        name=name,
+        jobs=[job],
+        minimum_interval_seconds=interval_seconds,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=description,
+    )(tick)
+
+
 def end_unlaunched_claims(
     engine: sa.Engine, queue: LeaseQueue, instance: Callable[[], dg.DagsterInstance | None]
 ) -> tuple[str, ...]:

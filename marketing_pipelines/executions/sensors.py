@@ -16,6 +16,7 @@ from marketing_pipelines.db.lease import CANCELLED, LEASE_EXPIRED_ERROR, Recover
 from marketing_pipelines.db.leased_runs import (
     RECONCILE_INTERVAL_SECONDS,
     claim_requests,
+    claiming_sensor,
     reconcile_run,
     run_never_started,
     sensor_instance,
@@ -25,7 +26,6 @@ from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
 from marketing_pipelines.executions.queue import EXECUTIONS, attempt_outcome, end_attempt, end_open_attempts
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.redact import redact_text
-from marketing_pipelines.settings import current_settings
 
 # The run's tags are run_tags' fixed set (no key per execution). A tag value is shown whole in the UI's
 # run list: past this, the campaigns tag says how many there are.
@@ -100,20 +100,10 @@ def claim_execution_requests(
     return claim.requests, claim.summary("executions", room_name="room"), claim.room
 
 
-@dg.sensor(
-    name="due_executions_sensor",
-    jobs=[marketing_execution_job],
-    minimum_interval_seconds=current_settings().sensor_interval_seconds,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description=(
-        "Recovers expired execution leases, claims due executions in the database (FOR UPDATE SKIP LOCKED on "
-        "PostgreSQL) and launches runs of up to MARKETING_EXECUTIONS_PER_RUN executions each. Safe to evaluate "
-        "on many replicas at once."
-    ),
-)
-def due_executions_sensor(
+def claim_due_executions(
     context: dg.SensorEvaluationContext, app_db: AppDatabase, execution_settings: ExecutionSettings
 ) -> dg.SensorResult | dg.SkipReason:
+    """One tick of ``due_executions_sensor``: claim what the batch has room for, one run request per run."""
     engine = app_db.ready_engine_or_skip()
     if isinstance(engine, dg.SkipReason):
         return engine
@@ -129,6 +119,21 @@ def due_executions_sensor(
         return dg.SkipReason(f"Nothing due ({summary}).")
     context.log.info(summary)
     return dg.SensorResult(run_requests=requests)
+
+
+def build_due_executions_sensor(interval_seconds: int) -> dg.SensorDefinition:
+    """The claiming sensor, evaluated at most every ``interval_seconds`` (MARKETING_SENSOR_INTERVAL_SECONDS)."""
+    return claiming_sensor(
+        claim_due_executions,
+        name="due_executions_sensor",
+        job=marketing_execution_job,
+        interval_seconds=interval_seconds,
+        description=(
+            "Recovers expired execution leases, claims due executions in the database (FOR UPDATE SKIP LOCKED on "
+            "PostgreSQL) and launches runs of up to MARKETING_EXECUTIONS_PER_RUN executions each. Safe to "
+            "evaluate on many replicas at once."
+        ),
+    )
 
 
 def reconcile_execution_run(

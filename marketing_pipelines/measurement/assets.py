@@ -39,8 +39,9 @@ from marketing_pipelines.measurement.importers.store import (
 from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE_KEY
 from marketing_pipelines.measurement.report.rendering import funnel_markdown
 from marketing_pipelines.measurement.rollup.daily import MAX_SHOWN_COUNTS, RollupSummary, replace_rollup_days
+from marketing_pipelines.measurement.sources import SOURCES, missing_variables
 from marketing_pipelines.redact import visible_controls
-from marketing_pipelines.settings import current_settings
+from marketing_pipelines.settings import Settings
 
 GROUP = "measurement"
 OWNERS = ["team:marketing-data"]
@@ -54,20 +55,21 @@ RATE_LIMIT_RETRIES = 3
 IMPORT_RETRY_POLICY = dg.RetryPolicy(
     max_retries=3, delay=30, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
 )
-# Days per backfill run (BackfillPolicy.multi_run), MARKETING_BACKFILL_DAYS_PER_RUN. A run costs seconds of Dagster
-# overhead whatever it holds, a day of the rollup a fraction of a second: benchmarks/backfill.py measured the choice.
-MAX_DAYS_PER_RUN = current_settings().backfill_days_per_run
 ROLLUP_IO_MANAGER = "rollup_frames"
 # The tags of a run over a partition range, as a backfill run carries them (Dagster does not re-export the names).
 RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
-measurement_partitions = dg.DailyPartitionsDefinition(
-    start_date=current_settings().measurement_start_date.isoformat(),
-    timezone="UTC",
-    # Today's partition exists so the late-events sensor can keep today's numbers current;
-    # the daily schedule materializes the completed day (yesterday).
-    end_offset=1,
-)
+
+def measurement_partitions(start_date: date) -> dg.DailyPartitionsDefinition:
+    """UTC days from ``start_date`` (MARKETING_MEASUREMENT_START_DATE) up to and including today."""
+    return dg.DailyPartitionsDefinition(
+        start_date=start_date.isoformat(),
+        timezone="UTC",
+        # Today's partition exists so the late-events sensor can keep today's numbers current;
+        # the daily schedule materializes the completed day (yesterday).
+        end_offset=1,
+    )
+
 
 marketing_event_asset = dg.AssetSpec(
     "marketing_event",
@@ -149,7 +151,6 @@ ROLLUP_SPEC = dg.AssetSpec(
     skippable=True,
     # Loading the asset (defs.load_asset_value, a downstream asset) reads the table as a DataFrame.
 ).with_io_manager_key(ROLLUP_IO_MANAGER)
-ROLLUP_CHECK_SPECS = rollup_check_specs(measurement_partitions)
 
 
 def _selected(context: dg.AssetExecutionContext, asset: dg.AssetKey, check_name: str) -> bool:
@@ -384,10 +385,28 @@ IMPORTERS = {
 }
 
 
+def left_out_importers(settings: Settings) -> dict[dg.AssetKey, str]:
+    """The importer assets whose source ``settings`` leave unconfigured, each with what turns it on."""
+    missing = missing_variables(settings)
+    return {
+        dg.AssetKey(source.asset): f"set {' and '.join(missing[source.name])}"
+        for source in SOURCES
+        if source.name in missing
+    }
+
+
 def build_measurement_daily(
-    retry_policy: dg.RetryPolicy = IMPORT_RETRY_POLICY, left_out: Mapping[dg.AssetKey, str] | None = None
+    settings: Settings,
+    *,
+    retry_policy: dg.RetryPolicy = IMPORT_RETRY_POLICY,
+    left_out: Mapping[dg.AssetKey, str] | None = None,
 ) -> dg.AssetsDefinition:
-    """The measurement multi-asset; tests pass a retry policy without delay, deployments keep the default.
+    """The measurement multi-asset, partitioned from MARKETING_MEASUREMENT_START_DATE; tests pass a retry
+    policy without delay.
+
+    A backfill run holds at most MARKETING_BACKFILL_DAYS_PER_RUN days: a run costs seconds of Dagster
+    overhead whatever it holds, a day of the rollup a fraction of a second (benchmarks/backfill.py
+    measures the choice).
 
     ``left_out``: importers that are not configured, each with what turns it on. They are not in the
     definitions at all, rather than assets whose every partition stays missing: the catalog shows
@@ -396,6 +415,7 @@ def build_measurement_daily(
     """
     left_out = dict(left_out or {})
     importers = [key for key in IMPORTERS if key not in left_out]
+    partitions_def = measurement_partitions(settings.measurement_start_date)
     rollup_spec = ROLLUP_SPEC.replace_attributes(
         deps=[marketing_event_asset, *importers],
         description=ROLLUP_SPEC.description
@@ -408,10 +428,13 @@ def build_measurement_daily(
     @dg.multi_asset(
         name="measurement_daily",
         specs=[*(IMPORTERS[key].spec for key in importers), rollup_spec],
-        check_specs=[*(spec for key in importers for spec in IMPORTERS[key].check_specs), *ROLLUP_CHECK_SPECS],
-        partitions_def=measurement_partitions,
+        check_specs=[
+            *(spec for key in importers for spec in IMPORTERS[key].check_specs),
+            *rollup_check_specs(partitions_def),
+        ],
+        partitions_def=partitions_def,
         can_subset=True,
-        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=MAX_DAYS_PER_RUN),
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=settings.backfill_days_per_run),
         retry_policy=retry_policy,
     )
     def measurement_daily(
@@ -443,9 +466,6 @@ def build_measurement_daily(
             yield from rollup(context, engine, days, left_out)
 
     return measurement_daily
-
-
-measurement_daily = build_measurement_daily()
 
 
 measurement_daily_job = dg.define_asset_job(

@@ -1,4 +1,4 @@
-"""The measurement domain's Dagster definitions (assets, checks, schedules, sensors)."""
+"""The measurement domain's Dagster definitions (assets, checks, schedules, sensors), built from settings."""
 
 from collections.abc import Mapping
 
@@ -7,18 +7,18 @@ import dagster as dg
 from marketing_pipelines.measurement.assets import (
     ROLLUP_IO_MANAGER,
     build_measurement_daily,
+    left_out_importers,
     marketing_event_asset,
     measurement_daily_job,
     measurement_rollup_job,
 )
-from marketing_pipelines.measurement.freshness import measurement_freshness_sensor, today_is_current
+from marketing_pipelines.measurement.freshness import build_freshness_sensor, build_today_is_current
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
-from marketing_pipelines.measurement.schedules import measurement_daily_schedule
-from marketing_pipelines.measurement.sensors import measurement_late_events_sensor
-from marketing_pipelines.measurement.sources import SOURCES, missing_variables
-from marketing_pipelines.settings import Settings, current_settings, resource_from_settings
+from marketing_pipelines.measurement.schedules import build_measurement_daily_schedule
+from marketing_pipelines.measurement.sensors import build_late_events_sensor
+from marketing_pipelines.settings import Settings, resource_from_settings
 
 
 def importer_resources(
@@ -31,24 +31,16 @@ def importer_resources(
     }
 
 
-def left_out_importers(settings: Settings) -> dict[dg.AssetKey, str]:
-    """The importer assets whose source ``settings`` leave unconfigured, each with what turns it on."""
-    missing = missing_variables(settings)
-    return {
-        dg.AssetKey(source.asset): f"set {' and '.join(missing[source.name])}"
-        for source in SOURCES
-        if source.name in missing
-    }
-
-
-defs = dg.Definitions(
-    assets=[marketing_event_asset, build_measurement_daily(left_out=left_out_importers(current_settings()))],
-    jobs=[measurement_daily_job, measurement_rollup_job],
-    schedules=[measurement_daily_schedule],
-    asset_checks=[today_is_current],
-    sensors=[measurement_late_events_sensor, measurement_freshness_sensor],
-    resources={
-        **importer_resources(current_settings()),
-        ROLLUP_IO_MANAGER: resource_from_settings(RollupFrameIOManager, current_settings()),
-    },
-)
+def build_defs(settings: Settings) -> dg.Definitions:
+    """The domain's definitions as ``settings`` shape them: partitions, backfill policy, intervals, resources."""
+    return dg.Definitions(
+        assets=[marketing_event_asset, build_measurement_daily(settings, left_out=left_out_importers(settings))],
+        jobs=[measurement_daily_job, measurement_rollup_job],
+        schedules=[build_measurement_daily_schedule(settings)],
+        asset_checks=[build_today_is_current(settings)],
+        sensors=[build_late_events_sensor(settings), build_freshness_sensor(settings)],
+        resources={
+            **importer_resources(settings),
+            ROLLUP_IO_MANAGER: resource_from_settings(RollupFrameIOManager, settings),
+        },
+    )

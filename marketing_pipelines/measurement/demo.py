@@ -18,8 +18,7 @@ from marketing_pipelines.measurement.assets import (
     RANGE_END_TAG,
     RANGE_START_TAG,
     ROLLUP_IO_MANAGER,
-    measurement_daily,
-    measurement_partitions,
+    build_measurement_daily,
 )
 from marketing_pipelines.measurement.events.write import record_events
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
@@ -28,6 +27,7 @@ from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.measurement.report.build import measurement_report
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.report.rendering import render
+from marketing_pipelines.settings import Settings
 
 DEMO_CAMPAIGNS = (
     Campaign("spring-launch", "Spring launch", "ana", utm_campaign="spring26", github_repo="acme/widget"),
@@ -71,11 +71,11 @@ def demo_events(campaign_id: str, day: date) -> list[dict[str, Any]]:
 
 
 def run_measurement_demo(
-    engine: sa.Engine, instance: dg.DagsterInstance, echo: Callable[[str], None], days: int
+    engine: sa.Engine, instance: dg.DagsterInstance, echo: Callable[[str], None], days: int, settings: Settings
 ) -> None:
     """Seed ``days`` complete UTC days of events, materialize those partitions on ``instance``, print each report."""
     today = datetime.now(UTC).date()
-    first = max(today - timedelta(days=days), measurement_partitions.start.date())
+    first = max(today - timedelta(days=days), settings.measurement_start_date)
     day_list = [first + timedelta(days=i) for i in range((today - first).days)]
     if not day_list:
         echo("      no complete day since MARKETING_MEASUREMENT_START_DATE; nothing to measure yet")
@@ -106,7 +106,7 @@ def run_measurement_demo(
             echo(f"      {importer.name} is not configured, its asset is left out: {importer.not_configured_reason()}")
     # The week in one run, as a backfill runs a range of days: one materialization per day all the same.
     result = dg.materialize(
-        [measurement_daily],
+        [build_measurement_daily(settings)],
         selection=[ROLLUP_KEY],
         instance=instance,
         resources=resources,

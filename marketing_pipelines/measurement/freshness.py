@@ -16,23 +16,23 @@ skipped in their runs (the multi-asset reports materializations, not outputs), w
 """
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.measurement.assets import measurement_partitions
 from marketing_pipelines.measurement.keys import ROLLUP_KEY, TODAY_IS_CURRENT_KEY
 from marketing_pipelines.measurement.rollup.event_days import day_bounds
 from marketing_pipelines.measurement.rollup.late import DayBacklog, day_backlog
-from marketing_pipelines.measurement.sensors import DEFAULT_SETTLE_SECONDS, LATE_EVENTS_INTERVAL_SECONDS
+from marketing_pipelines.measurement.sensors import DEFAULT_SETTLE_SECONDS
+from marketing_pipelines.settings import Settings
 
 TODAY_IS_CURRENT = TODAY_IS_CURRENT_KEY.name
 
 
-def warn_after(interval_seconds: int = LATE_EVENTS_INTERVAL_SECONDS) -> timedelta:
+def warn_after(interval_seconds: int) -> timedelta:
     """How old the oldest event missing from today's rollup may get: two sensor intervals past the settle margin.
 
     An event waits up to the margin plus one interval for the tick that requests its day, then for
@@ -41,13 +41,11 @@ def warn_after(interval_seconds: int = LATE_EVENTS_INTERVAL_SECONDS) -> timedelt
     return timedelta(seconds=2 * interval_seconds + DEFAULT_SETTLE_SECONDS)
 
 
-def today_freshness(conn: sa.Connection, now: datetime, limit: timedelta) -> dict[str, Any]:
-    """The check's outcome for ``now``'s UTC day, as the fields an evaluation and a check result share."""
+def today_freshness(conn: sa.Connection, now: datetime, limit: timedelta, first: date) -> dict[str, Any]:
+    """The check's outcome for ``now``'s UTC day (none to build before ``first``, the first partition),
+    as the fields an evaluation and a check result share."""
     today = now.astimezone(UTC).date()
-    if today < measurement_partitions.start.date():
-        backlog = DayBacklog(today, None, 0, None)
-    else:
-        backlog = day_backlog(conn, today)
+    backlog = DayBacklog(today, None, 0, None) if today < first else day_backlog(conn, today)
     # An event dated ahead and ingested before today became today's at midnight: its wait starts there.
     waiting_since = max(backlog.oldest_ingested_at, day_bounds(today)[0]) if backlog.oldest_ingested_at else now
     lag = max(now - waiting_since, timedelta(0))
@@ -88,26 +86,31 @@ def _fields(passed: bool, description: str, metadata: Mapping[str, dg.MetadataVa
     }
 
 
-@dg.asset_check(
-    asset=ROLLUP_KEY,
-    name=TODAY_IS_CURRENT,
-    description=(
-        "Today's rollup holds the events ingested for today, give or take: WARN when the oldest event it misses "
-        f"was ingested more than {_seconds(warn_after())} s ago (twice MARKETING_LATE_EVENTS_INTERVAL_SECONDS plus "
-        f"the late-events sensor's {DEFAULT_SETTLE_SECONDS} s settle margin). measurement_freshness_sensor "
-        "evaluates it every interval without a run."
-    ),
-    blocking=False,
-)
-def today_is_current(app_db: AppDatabase) -> dg.AssetCheckResult:
-    with app_db.ready_engine().connect() as conn:
-        return dg.AssetCheckResult(**today_freshness(conn, datetime.now(UTC), warn_after()))
+def build_today_is_current(settings: Settings) -> dg.AssetChecksDefinition:
+    """The check, its threshold from MARKETING_LATE_EVENTS_INTERVAL_SECONDS."""
+    limit, first = warn_after(settings.late_events_interval_seconds), settings.measurement_start_date
+
+    @dg.asset_check(
+        asset=ROLLUP_KEY,
+        name=TODAY_IS_CURRENT,
+        description=(
+            "Today's rollup holds the events ingested for today, give or take: WARN when the oldest event it "
+            f"misses was ingested more than {_seconds(limit)} s ago (twice MARKETING_LATE_EVENTS_INTERVAL_SECONDS "
+            f"plus the late-events sensor's {DEFAULT_SETTLE_SECONDS} s settle margin). "
+            "measurement_freshness_sensor evaluates it every interval without a run."
+        ),
+        blocking=False,
+    )
+    def today_is_current(app_db: AppDatabase) -> dg.AssetCheckResult:
+        with app_db.ready_engine().connect() as conn:
+            return dg.AssetCheckResult(**today_freshness(conn, datetime.now(UTC), limit, first))
+
+    return today_is_current
 
 
-def build_freshness_sensor(
-    interval_seconds: int = LATE_EVENTS_INTERVAL_SECONDS, name: str = "measurement_freshness_sensor"
-) -> dg.SensorDefinition:
-    """The sensor; tests build one with another interval to move the threshold."""
+def build_freshness_sensor(settings: Settings, name: str = "measurement_freshness_sensor") -> dg.SensorDefinition:
+    """The sensor, every MARKETING_LATE_EVENTS_INTERVAL_SECONDS; tests build one with another interval."""
+    interval_seconds, first = settings.late_events_interval_seconds, settings.measurement_start_date
     limit = warn_after(interval_seconds)
 
     @dg.sensor(
@@ -125,7 +128,7 @@ def build_freshness_sensor(
         if isinstance(engine, dg.SkipReason):
             return engine
         with engine.connect() as conn:
-            fields = today_freshness(conn, datetime.now(UTC), limit)
+            fields = today_freshness(conn, datetime.now(UTC), limit, first)
         # The daemon's log gets a line when the check starts failing, not one per tick while it stays so.
         if not fields["passed"] and context.cursor != "failing":
             context.log.warning(fields["description"])
@@ -136,6 +139,3 @@ def build_freshness_sensor(
         )
 
     return freshness_sensor
-
-
-measurement_freshness_sensor = build_freshness_sensor()

@@ -20,18 +20,12 @@ import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.measurement.assets import (
-    MAX_DAYS_PER_RUN,
-    RANGE_END_TAG,
-    RANGE_START_TAG,
-    measurement_partitions,
-    measurement_rollup_job,
-)
+from marketing_pipelines.measurement.assets import RANGE_END_TAG, RANGE_START_TAG, measurement_rollup_job
 from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.measurement.rollup.daily import rollup_first_party_per_day
 from marketing_pipelines.measurement.rollup.event_days import events_per_day
 from marketing_pipelines.measurement.rollup.late import day_backlog, days_ingested_against_rollup
-from marketing_pipelines.settings import current_settings
+from marketing_pipelines.settings import Settings
 
 # ingested_at is stamped before the loader's batch commits, so a batch committing after a tick can
 # carry timestamps older than that tick's window end. Looking only at events older than this margin
@@ -39,9 +33,6 @@ from marketing_pipelines.settings import current_settings
 # The same holds against a rollup: an event stamped up to this long before a day's build may have
 # committed after the build read the day, so such a day is recounted before it is called unchanged.
 DEFAULT_SETTLE_SECONDS = 60
-# MARKETING_LATE_EVENTS_INTERVAL_SECONDS: each tick can re-run today's partition, so the interval bounds that
-# (300 s: 12 runs an hour under steady traffic) and how stale today's numbers get (freshness.py checks it).
-LATE_EVENTS_INTERVAL_SECONDS = current_settings().late_events_interval_seconds
 
 
 @dataclass(frozen=True)
@@ -64,6 +55,7 @@ def changed_days(
     since: datetime | None,
     until: datetime,
     today: date,
+    first: date,
     settle: timedelta = timedelta(seconds=DEFAULT_SETTLE_SECONDS),
 ) -> dict[date, int]:
     """The days whose rollup misses events, in day order, each with how many events it misses.
@@ -72,9 +64,9 @@ def changed_days(
     day's rollup was built (or with no rollup rows), and those whose last event came within
     ``settle`` before the build and whose rollup count differs from its events; kept if materialized,
     or today. Plus today whenever its rollup misses an event ingested by ``until``. ``since`` None
-    (the first tick) looks at today alone: the window would be the whole table.
+    (the first tick) looks at today alone: the window would be the whole table. Days before ``first``
+    (the first partition) are left out.
     """
-    first = measurement_partitions.start.date()
     changed: dict[date, int] = {}
     recount: list[date] = []
     window = days_ingested_against_rollup(conn, since, until) if since is not None else []
@@ -124,23 +116,28 @@ def rollup_request(days: RollupRange, window_end: str) -> dg.RunRequest:
 
 
 def build_late_events_sensor(
-    settle_seconds: float = DEFAULT_SETTLE_SECONDS,
-    name: str = "measurement_late_events_sensor",
-    days_per_run: int = MAX_DAYS_PER_RUN,
+    settings: Settings, settle_seconds: float = DEFAULT_SETTLE_SECONDS, name: str = "measurement_late_events_sensor"
 ) -> dg.SensorDefinition:
-    """The sensor; tests build one with ``settle_seconds=0`` instead of waiting out the margin."""
+    """The sensor as ``settings`` shape it; tests build one with ``settle_seconds=0`` instead of waiting out the margin.
+
+    MARKETING_LATE_EVENTS_INTERVAL_SECONDS: each tick can re-run today's partition, so the interval bounds
+    that (300 s: 12 runs an hour under steady traffic) and how stale today's numbers get (freshness.py
+    checks it).
+    """
     settle = timedelta(seconds=settle_seconds)
+    interval, days_per_run = settings.late_events_interval_seconds, settings.backfill_days_per_run
+    first = settings.measurement_start_date
 
     @dg.sensor(
         name=name,
         job=measurement_rollup_job,
-        minimum_interval_seconds=LATE_EVENTS_INTERVAL_SECONDS,
+        minimum_interval_seconds=interval,
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             "Re-runs measurement_daily_rollup for the already materialized UTC days that received events after "
             "their rollup was built (late events), and for today, contiguous days in one run "
             f"(at most {days_per_run} days, MARKETING_BACKFILL_DAYS_PER_RUN). Ticks every "
-            f"{LATE_EVENTS_INTERVAL_SECONDS} s at most (MARKETING_LATE_EVENTS_INTERVAL_SECONDS)."
+            f"{interval} s at most (MARKETING_LATE_EVENTS_INTERVAL_SECONDS)."
         ),
     )
     def late_events_sensor(context: dg.SensorEvaluationContext, app_db: AppDatabase) -> dg.SensorResult | dg.SkipReason:
@@ -155,7 +152,7 @@ def build_late_events_sensor(
         if since is not None and until <= since:
             return dg.SkipReason(f"Nothing settled since {since.isoformat()}.")
         with engine.connect() as conn:
-            days = changed_days(conn, context.instance, since, until, now.date(), settle)
+            days = changed_days(conn, context.instance, since, until, now.date(), first, settle)
         cursor = until.isoformat()
         if not days:
             window = f"in ({since.isoformat()}, {cursor}]" if since else f"by {cursor} (first tick: today only)"
@@ -170,6 +167,3 @@ def build_late_events_sensor(
         return dg.SensorResult(run_requests=[rollup_request(r, cursor) for r in ranges], cursor=cursor)
 
     return late_events_sensor
-
-
-measurement_late_events_sensor = build_late_events_sensor()

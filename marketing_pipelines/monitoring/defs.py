@@ -9,15 +9,18 @@ from marketing_pipelines.monitoring.assets import AGENT_RUN_QUEUE_SPEC, EXECUTIO
 from marketing_pipelines.monitoring.checks import queue_health_checks
 from marketing_pipelines.monitoring.resources import HealthSettings
 from marketing_pipelines.monitoring.sensors import queue_health_sensor
-from marketing_pipelines.settings import current_settings, resource_from_settings
+from marketing_pipelines.settings import Settings, resource_from_settings
 
-defs = dg.Definitions(
-    assets=[EXECUTION_QUEUE_SPEC, AGENT_RUN_QUEUE_SPEC],
-    asset_checks=[queue_health_checks],
-    sensors=[queue_health_sensor, marketing_alerts_sensor],
-    resources={
-        "health_settings": resource_from_settings(HealthSettings, current_settings()),
-        # The URL is an EnvVar (a Slack webhook's path is its token); the sensor sends through "webhook".
-        "alerts": resource_from_settings(AlertWebhook, current_settings()),
-    },
-)
+
+def build_defs(settings: Settings) -> dg.Definitions:
+    """The domain's definitions with the resources ``settings`` configure."""
+    return dg.Definitions(
+        assets=[EXECUTION_QUEUE_SPEC, AGENT_RUN_QUEUE_SPEC],
+        asset_checks=[queue_health_checks],
+        sensors=[queue_health_sensor, marketing_alerts_sensor],
+        resources={
+            "health_settings": resource_from_settings(HealthSettings, settings),
+            # The URL is an EnvVar (a Slack webhook's path is its token); the sensor sends through "webhook".
+            "alerts": resource_from_settings(AlertWebhook, settings),
+        },
+    )

@@ -26,8 +26,8 @@ import sqlalchemy as sa
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.queue import request_agent_run, transcript
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines_tests.built import queued_agent_runs_sensor
 from marketing_pipelines_tests.factories import add_campaign, settings_from
 
 T = TypeVar("T")
@@ -239,7 +239,7 @@ def agent_run_job_def() -> dg.JobDefinition:
     """Module-level so ``dg.reconstructable`` can rebuild the job in any process."""
     from marketing_pipelines.definitions import defs
 
-    return defs.resolve_job_def("agent_run_job")
+    return defs().resolve_job_def("agent_run_job")
 
 
 def execute_run_request(run_config: Mapping[str, Any], tags: Mapping[str, str], env: Mapping[str, str]) -> bool:

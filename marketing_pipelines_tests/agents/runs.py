@@ -12,8 +12,8 @@ import dagster as dg
 from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines_tests.built import queued_agent_runs_sensor
 
 
 def run_one(

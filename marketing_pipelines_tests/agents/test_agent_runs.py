@@ -18,11 +18,11 @@ from marketing_pipelines.agents.providers.anthropic import AnthropicModel
 from marketing_pipelines.agents.providers.types import ModelProvider
 from marketing_pipelines.agents.queue import get_agent_run, request_agent_run, transcript
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines_tests.agents.fake_models import anthropic_message
+from marketing_pipelines_tests.built import queued_agent_runs_sensor
 from marketing_pipelines_tests.factories import add_campaign, settings_from
 
 ALL_READ = ("campaign:read", "measurement:read", "execution:read")

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +21,7 @@ from marketing_pipelines.agents.queue import configured_provider_problem
 from marketing_pipelines.http import ServiceError
 from marketing_pipelines.settings import MODEL_PROVIDERS
 from marketing_pipelines_tests.agents.fake_models import OPENAI_TEXT, SYSTEM
+from marketing_pipelines_tests.built import DEFS
 from marketing_pipelines_tests.factories import settings_from
 
 PROVIDER_ENV = [env for spec in PROVIDERS for env in (spec.api_key_env, spec.model_env, spec.base_url_env) if env]
@@ -95,9 +93,7 @@ def test_model_resources_read_the_environment_through_the_registry() -> None:
 
 
 def test_code_location_registers_the_provider_resources() -> None:
-    from marketing_pipelines.agents.defs import defs
-
-    assert {"models", "offline_model", "anthropic_model", "openai_model"} <= set(defs.resources)
+    assert {"models", "offline_model", "anthropic_model", "openai_model"} <= set(DEFS.resources)
 
 
 @pytest.mark.parametrize(
@@ -125,25 +121,12 @@ def test_a_deployment_without_keys_loads_and_a_run_says_not_configured() -> None
             gateway.provider("llama")
 
 
-def test_a_key_set_at_load_resolves_in_the_run() -> None:
-    # A new interpreter with the key in its environment, as a code server and its run workers have it.
-    code = (
-        "import dagster as dg\n"
-        "from marketing_pipelines.agents.models import model_resources\n"
-        "from marketing_pipelines.settings import current_settings\n"
-        "with dg.build_resources({'models': model_resources(current_settings())['models']}) as initialised:\n"
-        "    print(initialised.models.provider('openai').api_key)\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in PROVIDER_ENV}
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        env={**env, "OPENAI_API_KEY": "sk-from-env"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["sk-from-env"]
+def test_a_key_set_at_load_resolves_in_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The definitions hold the variable's name; the run resolves it from its own environment.
+    environ = {"OPENAI_API_KEY": "sk-from-env"}
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    with dg.build_resources({"models": model_resources(settings_from(environ), environ)["models"]}) as initialised:
+        assert initialised.models.provider("openai").api_key == "sk-from-env"
 
 
 # --- one client per resource ---------------------------------------------------------------------

@@ -25,11 +25,11 @@ from marketing_pipelines.agents.queue import (
     transcript,
 )
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines_tests.built import queued_agent_runs_sensor
 from marketing_pipelines_tests.factories import add_campaign
 
 

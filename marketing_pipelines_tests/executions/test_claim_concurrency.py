@@ -28,7 +28,8 @@ def _sensor_worker(db_url: str, start: Any, out: Any) -> None:
 
     from marketing_pipelines.db.resources import AppDatabase
     from marketing_pipelines.executions.resources import ExecutionSettings
-    from marketing_pipelines.executions.sensors import due_executions_sensor, executions_of_run
+    from marketing_pipelines.executions.sensors import executions_of_run
+    from marketing_pipelines_tests.built import due_executions_sensor
 
     context = dg.build_sensor_context(
         instance=dg.DagsterInstance.ephemeral(),

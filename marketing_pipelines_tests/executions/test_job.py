@@ -22,12 +22,12 @@ from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.sensors import (
-    due_executions_sensor,
     execution_run_canceled_sensor,
     execution_run_failure_sensor,
     executions_of_run,
 )
 from marketing_pipelines.executions.webhook import WebhookClient
+from marketing_pipelines_tests.built import due_executions_sensor
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions
 from marketing_pipelines_tests.webserver import Received, Recorder, webhook_server

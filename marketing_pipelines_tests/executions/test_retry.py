@@ -27,7 +27,7 @@ from marketing_pipelines.executions.queue import (
     schedule_execution,
 )
 from marketing_pipelines.executions.resources import ExecutionSettings
-from marketing_pipelines.executions.sensors import due_executions_sensor
+from marketing_pipelines_tests.built import due_executions_sensor
 from marketing_pipelines_tests.cli_runner import Cli, cli_for
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign

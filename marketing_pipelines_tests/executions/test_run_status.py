@@ -21,7 +21,8 @@ from marketing_pipelines.db.schema import marketing_execution_attempt as attempt
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.queue import schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
-from marketing_pipelines.executions.sensors import due_executions_sensor, execution_run_failure_sensor
+from marketing_pipelines.executions.sensors import execution_run_failure_sensor
+from marketing_pipelines_tests.built import due_executions_sensor
 from marketing_pipelines_tests.executions.runs import LOCAL, outcome_metadata, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Recorder, webhook_server

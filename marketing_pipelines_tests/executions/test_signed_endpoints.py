@@ -18,9 +18,9 @@ from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.endpoints import add_endpoint, remove_endpoint, rotate_endpoint
 from marketing_pipelines.executions.queue import schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
-from marketing_pipelines.executions.sensors import due_executions_sensor
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.sealing import SecretBox, new_key
+from marketing_pipelines_tests.built import due_executions_sensor
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Recorder

@@ -30,9 +30,9 @@ from marketing_pipelines.egress import EgressPolicy, EgressRefused, parse_networ
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import ActionContext, ActionFailed, WebhookAction
 from marketing_pipelines.executions.queue import get_execution, schedule_execution
-from marketing_pipelines.executions.sensors import due_executions_sensor
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.redact import redact_url, redact_urls
+from marketing_pipelines_tests.built import due_executions_sensor
 from marketing_pipelines_tests.executions.runs import perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import webhook_server

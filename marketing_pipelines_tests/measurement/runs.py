@@ -9,10 +9,11 @@ from typing import Any
 import dagster as dg
 
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.measurement.assets import RANGE_END_TAG, RANGE_START_TAG, ROLLUP_IO_MANAGER, measurement_daily
+from marketing_pipelines.measurement.assets import RANGE_END_TAG, RANGE_START_TAG, ROLLUP_IO_MANAGER
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
+from marketing_pipelines_tests.built import measurement_daily
 
 
 def materialize_measurement(

@@ -35,7 +35,7 @@ from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import metadata
 from marketing_pipelines.demo import run_demo
-from marketing_pipelines.measurement.assets import ROLLUP_IO_MANAGER, measurement_daily
+from marketing_pipelines.measurement.assets import ROLLUP_IO_MANAGER
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.report.build import measurement_report
@@ -46,6 +46,7 @@ from marketing_pipelines.measurement.report.frames import (
     rollup_frame,
 )
 from marketing_pipelines.settings import load_settings
+from marketing_pipelines_tests.built import measurement_daily
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ANALYSTS.md"
 FENCED = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -142,7 +143,7 @@ def test_the_doc_has_every_kind_of_block() -> None:
     assert sorted(d for sql in SQL for d in dialects(sql)) == sorted([*DIALECTS.values()] * (len(SQL) // 2))
     for body in [*SQL, *PYTHON, *CLI]:
         # The examples name what the demo seeds, or they would pass on empty results.
-        assert CAMPAIGN in body or "defs." in body, body
+        assert CAMPAIGN in body or "defs()." in body, body
         # Days follow today, as the demo's do: a written day would fall out of the demo's week.
         assert not A_DAY.search(body), body
 

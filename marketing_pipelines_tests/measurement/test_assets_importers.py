@@ -17,18 +17,14 @@ from marketing_pipelines.db.schema import (
     measurement_daily_rollup,
     site_analytics_daily,
 )
-from marketing_pipelines.measurement.assets import (
-    IMPORT_RETRY_POLICY,
-    ROLLUP_IO_MANAGER,
-    build_measurement_daily,
-    measurement_daily,
-)
+from marketing_pipelines.measurement.assets import IMPORT_RETRY_POLICY, ROLLUP_IO_MANAGER, build_measurement_daily
 from marketing_pipelines.measurement.checks import SITE_COUNTS_CONSISTENT, check_no_unflagged_negative_delta
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.importers.store import import_repo_day
 from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE_KEY
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
+from marketing_pipelines_tests.built import DEFAULTS, measurement_daily
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.fake_services import (
     Api,
@@ -325,7 +321,7 @@ def test_a_transient_plausible_failure_retries_the_step_which_rewrites_its_day(e
         lambda request: httpx.Response(503) if len(api.requests) <= 5 else plausible_rows(day, [("alpha26", "/", 3, 4)])
     )
     github_api = Api(lambda request: releases({7: 1000}))
-    retry_at_once = build_measurement_daily(dg.RetryPolicy(max_retries=1))
+    retry_at_once = build_measurement_daily(DEFAULTS, retry_policy=dg.RetryPolicy(max_retries=1))
     result = run_measurement(
         retry_at_once,
         dg.AssetSelection.assets(SITE_KEY, DOWNLOADS_KEY, ROLLUP_KEY),
@@ -359,7 +355,7 @@ def test_a_rejected_plausible_key_fails_without_a_step_retry(engine: sa.Engine, 
     day = date(2026, 11, 26)
     api = Api(lambda request: httpx.Response(401, json={"error": "Invalid API key"}))
     result = run_measurement(
-        build_measurement_daily(dg.RetryPolicy(max_retries=3)),
+        build_measurement_daily(DEFAULTS, retry_policy=dg.RetryPolicy(max_retries=3)),
         dg.AssetSelection.assets(SITE_KEY, ROLLUP_KEY),
         db_url,
         day,

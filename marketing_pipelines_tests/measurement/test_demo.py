@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_event, measurement_daily_rollup
 from marketing_pipelines.measurement.demo import run_measurement_demo
+from marketing_pipelines_tests.built import DEFAULTS
 
 
 def counts(engine: sa.Engine) -> tuple[int, int, int]:
@@ -21,9 +22,9 @@ def test_demo_is_safe_to_run_twice(sqlite_url: str) -> None:
     engine = get_engine(sqlite_url)
     lines: list[str] = []
     with dg.DagsterInstance.ephemeral() as instance:
-        run_measurement_demo(engine, instance, lines.append, days=2)
+        run_measurement_demo(engine, instance, lines.append, days=2, settings=DEFAULTS)
         first = counts(engine)
-        run_measurement_demo(engine, instance, lines.append, days=2)
+        run_measurement_demo(engine, instance, lines.append, days=2, settings=DEFAULTS)
     assert first[0] > 0 and first[0] == first[2]
     assert counts(engine) == first
     assert any("0 recorded" in line for line in lines)

@@ -19,7 +19,6 @@ from marketing_pipelines.measurement.assets import (
     RANGE_END_TAG,
     RANGE_START_TAG,
     ROLLUP_IO_MANAGER,
-    measurement_daily,
     measurement_rollup_job,
 )
 from marketing_pipelines.measurement.events.validate import EventRow
@@ -28,7 +27,6 @@ from marketing_pipelines.measurement.freshness import (
     TODAY_IS_CURRENT,
     build_freshness_sensor,
     today_freshness,
-    today_is_current,
     warn_after,
 )
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
@@ -37,6 +35,8 @@ from marketing_pipelines.measurement.keys import TODAY_IS_CURRENT_KEY
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.rollup.late import day_backlog, days_ingested_against_rollup
 from marketing_pipelines.measurement.sensors import RollupRange, build_late_events_sensor, rollup_ranges
+from marketing_pipelines.settings import load_settings
+from marketing_pipelines_tests.built import DEFAULTS, measurement_daily, today_is_current
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.generated import materialize_rollup
 
@@ -95,7 +95,7 @@ def build_at(engine: sa.Engine, built: datetime) -> None:
 def test_after_a_backfill_ten_ticks_request_nothing(
     engine: sa.Engine, db_url: str, instance: dg.DagsterInstance
 ) -> None:
-    sensor = build_late_events_sensor(settle_seconds=0)
+    sensor = build_late_events_sensor(DEFAULTS, settle_seconds=0)
     # The sensor is already watching when the events are loaded and backfilled (the demo under a running UI).
     cursor = tick(sensor, instance, db_url, None).cursor
     seeded_week(engine, db_url, instance)
@@ -107,7 +107,7 @@ def test_after_a_backfill_ten_ticks_request_nothing(
 
 
 def test_one_late_event_requests_its_day_alone(engine: sa.Engine, db_url: str, instance: dg.DagsterInstance) -> None:
-    sensor = build_late_events_sensor(settle_seconds=0)
+    sensor = build_late_events_sensor(DEFAULTS, settle_seconds=0)
     seeded_week(engine, db_url, instance)
     cursor = tick(sensor, instance, db_url, None).cursor
     ingest(engine, [WEEK[3]], "late")
@@ -143,7 +143,7 @@ def execute(request: dg.RunRequest, db_url: str, instance: dg.DagsterInstance) -
 def test_late_days_go_into_ranges_in_as_few_runs_as_the_policy_allows(
     engine: sa.Engine, db_url: str, instance: dg.DagsterInstance
 ) -> None:
-    sensor = build_late_events_sensor(settle_seconds=0)
+    sensor = build_late_events_sensor(DEFAULTS, settle_seconds=0)
     seeded_week(engine, db_url, instance)
     cursor = tick(sensor, instance, db_url, None).cursor
     late = [WEEK[0], WEEK[1], WEEK[2], WEEK[5]]
@@ -163,7 +163,12 @@ def test_late_days_go_into_ranges_in_as_few_runs_as_the_policy_allows(
 
     # MARKETING_BACKFILL_DAYS_PER_RUN=2 cuts the same days into runs of two days at most.
     ingest(engine, late, "later")
-    cut = tick(build_late_events_sensor(settle_seconds=0, days_per_run=2), instance, db_url, result.cursor)
+    cut = tick(
+        build_late_events_sensor(load_settings(backfill_days_per_run=2), settle_seconds=0),
+        instance,
+        db_url,
+        result.cursor,
+    )
     assert spans(cut) == [f"{WEEK[0]}..{WEEK[1]}", WEEK[2].isoformat(), WEEK[5].isoformat()]
 
 
@@ -217,14 +222,14 @@ def test_an_event_is_late_only_if_the_rollup_was_built_without_it(
     if inserted == "after":
         ingest(engine, [WEEK[2]], "case", built + stamped)
     # The deployed settle margin (60 s); every stamp here is older than it.
-    result = tick(build_late_events_sensor(), instance, db_url, (now - timedelta(hours=4)).isoformat())
+    result = tick(build_late_events_sensor(DEFAULTS), instance, db_url, (now - timedelta(hours=4)).isoformat())
     assert spans(result) == ([WEEK[2].isoformat()] if requested else [])
 
 
 def test_days_never_materialized_are_left_to_the_schedule(
     engine: sa.Engine, db_url: str, instance: dg.DagsterInstance
 ) -> None:
-    sensor = build_late_events_sensor(settle_seconds=0)
+    sensor = build_late_events_sensor(DEFAULTS, settle_seconds=0)
     seeded_week(engine, db_url, instance)
     cursor = tick(sensor, instance, db_url, None).cursor
     ingest(engine, [WEEK[0] - timedelta(days=3), WEEK[6], WEEK[6] + timedelta(days=1)], "outside")
@@ -234,7 +239,7 @@ def test_days_never_materialized_are_left_to_the_schedule(
 def test_today_is_kept_current_even_after_a_run_that_did_not_happen(
     engine: sa.Engine, db_url: str, instance: dg.DagsterInstance
 ) -> None:
-    sensor = build_late_events_sensor(settle_seconds=0)
+    sensor = build_late_events_sensor(DEFAULTS, settle_seconds=0)
     add_campaign(engine, CAMPAIGN)
     today = datetime.now(UTC).date()
     with engine.begin() as conn:
@@ -304,7 +309,7 @@ def test_today_freshness(
         assert materialize_rollup(db_url, instance, day).success
         build_at(engine, NOON + timedelta(minutes=built))
     with engine.connect() as conn:
-        fields = today_freshness(conn, NOON, LIMIT)
+        fields = today_freshness(conn, NOON, LIMIT, DEFAULTS.measurement_start_date)
         assert day_backlog(conn, day).events == missing
     assert (fields["passed"], fields["severity"]) == (passed, dg.AssetCheckSeverity.WARN)
     assert fields["metadata"]["events_not_rolled_up"] == dg.MetadataValue.int(missing)
@@ -321,7 +326,7 @@ def test_the_sensor_records_the_check_without_a_run_and_the_ui_shows_it(
     engine: sa.Engine, db_url: str, instance: dg.DagsterInstance
 ) -> None:
     add_campaign(engine, CAMPAIGN)
-    sensor = build_freshness_sensor(interval_seconds=30)
+    sensor = build_freshness_sensor(load_settings(late_events_interval_seconds=30))
     quiet = tick(sensor, instance, db_url, None)
     # An event for today ingested two hours before now (or at midnight, if sooner), never rolled up.
     now = datetime.now(UTC)

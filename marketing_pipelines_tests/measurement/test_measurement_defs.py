@@ -5,19 +5,24 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from marketing_pipelines.definitions import defs
-from marketing_pipelines.measurement.assets import build_measurement_daily, marketing_event_asset, measurement_daily_job
-from marketing_pipelines.measurement.defs import importer_resources, left_out_importers
+from marketing_pipelines.measurement.assets import (
+    build_measurement_daily,
+    left_out_importers,
+    marketing_event_asset,
+    measurement_daily_job,
+)
+from marketing_pipelines.measurement.defs import importer_resources
+from marketing_pipelines_tests.built import DEFAULTS, DEFS
 from marketing_pipelines_tests.factories import settings_from
 
 
 def test_measurement_keys_are_defined() -> None:
-    dg.Definitions.validate_loadable(defs)
-    repo = defs.get_repository_def()
+    dg.Definitions.validate_loadable(DEFS)
+    repo = DEFS.get_repository_def()
     assert {"measurement_daily_job", "measurement_rollup_job"} <= set(repo.job_names)
     assert "measurement_late_events_sensor" in {s.name for s in repo.sensor_defs}
     assert "measurement_daily_schedule" in {s.name for s in repo.schedule_defs}
-    graph = defs.resolve_asset_graph()
+    graph = DEFS.resolve_asset_graph()
     assert {dg.AssetKey("marketing_event"), dg.AssetKey("measurement_daily_rollup")} <= set(graph.get_all_asset_keys())
     assert {(k.asset_key.path[-1], k.name) for k in graph.asset_check_keys} >= {
         ("measurement_daily_rollup", "first_party_count_matches_events"),
@@ -49,7 +54,7 @@ PLAUSIBLE_ENV = {"PLAUSIBLE_API_KEY": "k", "PLAUSIBLE_SITE_ID": "example.com"}
 def test_an_importer_is_in_the_definitions_only_when_its_source_is_configured(
     environ: dict[str, str], importers: set[dg.AssetKey]
 ) -> None:
-    assets = build_measurement_daily(left_out=left_out_importers(settings_from(environ)))
+    assets = build_measurement_daily(settings_from(environ), left_out=left_out_importers(settings_from(environ)))
     assert set(assets.keys) == {ROLLUP, *importers}
     assert set(assets.asset_deps[ROLLUP]) == {dg.AssetKey("marketing_event"), *importers}
     assert {key.asset_key for key in assets.check_keys} == {ROLLUP, *importers}
@@ -63,7 +68,10 @@ def test_an_importer_is_in_the_definitions_only_when_its_source_is_configured(
 
 def test_the_daily_job_selects_the_importers_the_definitions_hold() -> None:
     for environ in ({}, {**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t"}):
-        assets = [marketing_event_asset, build_measurement_daily(left_out=left_out_importers(settings_from(environ)))]
+        assets = [
+            marketing_event_asset,
+            build_measurement_daily(settings_from(environ), left_out=left_out_importers(settings_from(environ))),
+        ]
         # Resources are bound where the deployment assembles them; the selection needs only the graph.
         graph = dg.Definitions(assets=assets, resources=UNBOUND).resolve_asset_graph()
         assert measurement_daily_job.selection.resolve(graph) == graph.materializable_asset_keys
@@ -104,7 +112,7 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
         ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
     }
     day = "2026-11-20"
-    assets = build_measurement_daily(left_out=left_out_importers(settings_from({})))
+    assets = build_measurement_daily(DEFAULTS, left_out=left_out_importers(DEFAULTS))
     with dg.instance_for_test() as instance:
         for _ in range(3):
             result = dg.materialize(

@@ -10,8 +10,8 @@ import sqlalchemy as sa
 
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.measurement.events.write import record_events
-from marketing_pipelines.measurement.schedules import measurement_daily_schedule
-from marketing_pipelines.measurement.sensors import build_late_events_sensor, measurement_late_events_sensor
+from marketing_pipelines.measurement.sensors import build_late_events_sensor
+from marketing_pipelines_tests.built import DEFAULTS, measurement_daily_schedule, measurement_late_events_sensor
 from marketing_pipelines_tests.measurement.generated import (
     DAYS,
     generated_events,
@@ -38,7 +38,7 @@ def test_a_late_event_changes_exactly_its_day(engine: sa.Engine, db_url: str) ->
     for day in DAYS:
         assert materialize_rollup(db_url, instance, day).success
     before = rollup_rows_frame(engine)
-    sensor = build_late_events_sensor(settle_seconds=0)
+    sensor = build_late_events_sensor(DEFAULTS, settle_seconds=0)
     resources = {"app_db": AppDatabase(url=db_url)}
 
     first = sensor(dg.build_sensor_context(instance=instance, resources=resources))

@@ -17,16 +17,15 @@ from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.agents.sensors import queued_agent_runs_sensor
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.queue import schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
-from marketing_pipelines.executions.sensors import due_executions_sensor
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.monitoring.alert_sensor import AlertCursor, marketing_alerts_sensor
 from marketing_pipelines.monitoring.alerts import Alert, AlertWebhook, FailedRun, format_alert, mrkdwn
 from marketing_pipelines.redact import url_origin
+from marketing_pipelines_tests.built import due_executions_sensor, queued_agent_runs_sensor
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.webserver import Recorder, webhook_server

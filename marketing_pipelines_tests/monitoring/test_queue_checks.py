@@ -12,13 +12,13 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.definitions import defs as code_location
 from marketing_pipelines.monitoring.assets import AGENT_RUN_QUEUE, EXECUTION_QUEUE, EXECUTION_QUEUE_SPEC
 from marketing_pipelines.monitoring.checks import queue_health_checks
 from marketing_pipelines.monitoring.health import AgentRunsHealth, ExecutionsHealth, QueueHealth
 from marketing_pipelines.monitoring.resources import HealthSettings, severity_of
 from marketing_pipelines.monitoring.sensors import queue_health_sensor
 from marketing_pipelines.settings import load_settings, resource_from_settings
+from marketing_pipelines_tests.built import DEFS as code_location
 from marketing_pipelines_tests.monitoring.rows import add_agent_run, add_execution, prepare
 
 WARN, ERROR = dg.AssetCheckSeverity.WARN, dg.AssetCheckSeverity.ERROR
