@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from marketing_pipelines import run_tags
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.jobs import agent_run_job
-from marketing_pipelines.agents.models import ModelGateway
+from marketing_pipelines.agents.models import model_resources
 from marketing_pipelines.agents.queue import list_agent_runs, request_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import build_queued_agent_runs_sensor
@@ -323,7 +323,8 @@ def _demo_resources(settings: Settings) -> dict[str, Any]:
             allow_networks=[str(n) for n in DEMO_EGRESS.allow],
             secrets_key=settings.sealing_keys(),
         ),
-        "models": ModelGateway(),
+        # The demo requests offline runs only: no provider is called over the network.
+        **model_resources(settings),
         "execution_settings": resource_from_settings(ExecutionSettings, settings),
         "agent_settings": resource_from_settings(AgentSettings, settings),
     }
@@ -407,7 +408,7 @@ def _drain(instance: dg.DagsterInstance, settings: Settings, echo: Echo, max_tic
     interval = settings.sensor_interval_seconds  # the daemon's business; the demo ticks them itself
     sensors = [build_due_executions_sensor(interval), build_queued_agent_runs_sensor(interval)]
     resources = _demo_resources(settings)
-    # A context manager: the model gateway's providers hold an HTTP client they close at teardown.
+    # A context manager: the model providers hold an HTTP client they close at teardown.
     with dg.build_sensor_context(instance=instance, resources=resources) as context:
         launched = 0
         for tick in range(1, max_ticks + 1):

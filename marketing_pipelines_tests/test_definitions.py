@@ -55,7 +55,6 @@ RESOURCES = [
     "execution_settings",
     "github",
     "health_settings",
-    "models",
     "offline_model",
     "openai_model",
     "plausible",

@@ -23,8 +23,7 @@ def build_defs(settings: Settings) -> dg.Definitions:
             agent_run_canceled_sensor,
         ],
         resources={
-            # "models" (the ModelGateway) and each provider under its registry key, so each provider's config
-            # shows under its own resource in the UI and the gateway links to them.
+            # Each provider under its resource key (offline_model, anthropic_model, openai_model).
             **model_resources(settings),
             "agent_settings": resource_from_settings(AgentSettings, settings),
         },

@@ -2,7 +2,7 @@
 output and transcript in the run's metadata; an agent run that ends FAILED fails its Dagster run."""
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +13,11 @@ from marketing_pipelines import run_tags
 from marketing_pipelines.agents import token_bucket
 from marketing_pipelines.agents.catalog import get_agent
 from marketing_pipelines.agents.display import output_markdown, transcript_markdown
-from marketing_pipelines.agents.models import ModelGateway
+from marketing_pipelines.agents.models import pick_provider
+from marketing_pipelines.agents.providers.anthropic import AnthropicModel
+from marketing_pipelines.agents.providers.offline import OfflineModel
+from marketing_pipelines.agents.providers.openai import OpenAIModel
+from marketing_pipelines.agents.providers.registry import ProviderResource
 from marketing_pipelines.agents.providers.types import ModelProvider
 from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript, get_agent_run, transcript
 from marketing_pipelines.agents.resources import AgentSettings
@@ -72,10 +76,10 @@ class AgentAttempt:
     def metadata(self, result: AgentResult | None = None) -> dict[str, dg.MetadataValue]:
         return run_metadata(self.engine, self.agent_run_id, self.attempt, result)
 
-    def provider(self, models: ModelGateway, name: str) -> ModelProvider:
+    def provider(self, name: str, providers: Mapping[str, ProviderResource]) -> ModelProvider:
         """The provider the run asked for; one that is unknown or not configured fails the run for good."""
         try:
-            return models.provider(name)
+            return pick_provider(name, providers)
         except ServiceError as exc:
             # Every attempt would meet the same configuration, so this one is the last, whatever is left.
             raise self.fail(
@@ -175,8 +179,12 @@ def run_agent(
     context: dg.OpExecutionContext,
     config: AgentRunConfig,
     app_db: AppDatabase,
-    models: ModelGateway,
     agent_settings: AgentSettings,
+    # One parameter per provider of registry.PROVIDERS, named by its resource key (test_model_resources
+    # holds the two equal): each provider is its own resource in the UI, with its own config.
+    offline_model: OfflineModel,
+    anthropic_model: AnthropicModel,
+    openai_model: OpenAIModel,
 ) -> dg.Output[dict[str, Any]]:
     engine, agent_run_id, lease_s = app_db.ready_engine(), config.agent_run_id, agent_settings.lease_grace_seconds
     users: dict[int, Any] = {}
@@ -197,7 +205,8 @@ def run_agent(
     attempt = AgentAttempt(context, engine, agent_run_id, taken.owner, row["attempts"])
     if user is None or not user.active:
         raise attempt.fail(f"user {row['requested_by']} is not active; runs of inactive users do not start")
-    provider = attempt.provider(models, row["model_provider"])
+    providers = {"offline_model": offline_model, "anthropic_model": anthropic_model, "openai_model": openai_model}
+    provider = attempt.provider(row["model_provider"], providers)
     context.log.info(
         f"Agent run {agent_run_id}: agent {row['agent']} for campaign {row['campaign_id']}, "
         f"as {row['requested_by']}, provider {row['model_provider']}, attempt {attempt.attempt} of "

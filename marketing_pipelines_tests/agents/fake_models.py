@@ -1,8 +1,9 @@
 """Fakes of the model APIs for agent tests: the real Anthropic and OpenAI providers with their HTTP answered
 in-process by httpx.MockTransport. ``Script`` answers with canned responses in order and records what was sent
 and slept (``scripted_anthropic``, ``scripted_openai``, with the payload builders ``anthropic_message`` and
-``openai_completion``); ``anthropic_gateway`` is a ModelGateway whose Anthropic provider is answered by a function
-of the call number and request body (``text_turn``, ``tool_turn``).
+``openai_completion``). ``unconfigured_models`` are the provider resources a deployment without keys has;
+``anthropic_models`` are those with the Anthropic provider answered by a function of the call number and request
+body (``text_turn``, ``tool_turn``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from typing import Any, TypeVar
 
 import httpx
 
-from marketing_pipelines.agents.models import ModelGateway
+from marketing_pipelines.agents.models import model_resources
 from marketing_pipelines.agents.providers.anthropic import AnthropicModel
 from marketing_pipelines.agents.providers.openai import OpenAIModel
-from marketing_pipelines.agents.providers.types import ModelProvider, ModelTurn, ToolSpec
+from marketing_pipelines.agents.providers.registry import ProviderResource
+from marketing_pipelines.agents.providers.types import ModelTurn, ToolSpec
+from marketing_pipelines_tests.factories import settings_from
 
 SYSTEM = "You run marketing campaigns."
 
@@ -107,7 +110,7 @@ def complete_once(provider: AnthropicModel | OpenAIModel) -> ModelTurn:
     return provider.complete(SYSTEM, [{"role": "user", "content": "hello"}], [COUNT_SIGNUPS])
 
 
-# --- a gateway answered by a function of the call (anthropic_gateway) ------------------------------
+# --- provider resources, Anthropic answered by a function of the call (anthropic_models) ----------
 
 Answer = Callable[[int, dict[str, Any]], httpx.Response]
 
@@ -121,8 +124,13 @@ def tool_turn(text: str, tool: str, arguments: dict[str, Any], call_id: str = "t
     return httpx.Response(200, json=anthropic_message(content, "tool_use"))
 
 
-def anthropic_gateway(answer: Answer) -> ModelGateway:
-    """The real Anthropic provider, its HTTP answered by ``answer(call number, request body)``."""
+def unconfigured_models() -> dict[str, ProviderResource]:
+    """The provider resources of a deployment without API keys: offline works, the others are not configured."""
+    return model_resources(settings_from({}), environ={})
+
+
+def anthropic_models(answer: Answer) -> dict[str, ProviderResource]:
+    """The provider resources, the real Anthropic provider's HTTP answered by ``answer(call number, request body)``."""
     calls = [0]
 
     def handle(request: httpx.Request) -> httpx.Response:
@@ -133,8 +141,4 @@ def anthropic_gateway(answer: Answer) -> ModelGateway:
         def _client(self) -> httpx.Client:
             return httpx.Client(base_url=self.base_url, transport=httpx.MockTransport(handle))
 
-    class Gateway(ModelGateway):
-        def provider(self, name: str) -> ModelProvider:
-            return Mocked(api_key="test-key")
-
-    return Gateway()
+    return {**unconfigured_models(), "anthropic_model": Mocked(api_key="test-key")}

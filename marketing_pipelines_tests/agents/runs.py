@@ -1,5 +1,5 @@
 """Running one queued agent run in-process, the way the tests of several modules need it: ``run_one`` ticks
-the queued-agent-runs sensor and executes the one run it requests with the given model gateway, and
+the queued-agent-runs sensor and executes the one run it requests with the given provider resources, and
 ``output_metadata`` reads the metadata of that run's successful output.
 """
 
@@ -10,14 +10,17 @@ from typing import Any
 import dagster as dg
 
 from marketing_pipelines.agents.jobs import agent_run_job
-from marketing_pipelines.agents.models import ModelGateway
+from marketing_pipelines.agents.providers.registry import ProviderResource
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines_tests.built import queued_agent_runs_sensor
 
 
 def run_one(
-    db_url: str, instance: dg.DagsterInstance, models: ModelGateway, settings: AgentSettings | None = None
+    db_url: str,
+    instance: dg.DagsterInstance,
+    models: dict[str, ProviderResource],
+    settings: AgentSettings | None = None,
 ) -> dg.ExecuteInProcessResult:
     settings = settings or AgentSettings()
     context = dg.build_sensor_context(
@@ -30,7 +33,7 @@ def run_one(
         run_config=request.run_config,
         tags=request.tags,
         instance=instance,
-        resources={"app_db": AppDatabase(url=db_url), "models": models, "agent_settings": settings},
+        resources={"app_db": AppDatabase(url=db_url), **models, "agent_settings": settings},
         raise_on_error=False,
     )
 

@@ -15,13 +15,12 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.display import code_block, transcript_markdown
-from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import AGENT_RUNS, cancel_agent_run, get_agent_run, request_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.lease import LOST_ATTEMPTS_ERROR, MAX_LOST_ATTEMPTS, recover_expired
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run
-from marketing_pipelines_tests.agents.fake_models import anthropic_gateway, text_turn, tool_turn
+from marketing_pipelines_tests.agents.fake_models import anthropic_models, text_turn, tool_turn, unconfigured_models
 from marketing_pipelines_tests.agents.runs import output_metadata, run_one
 from marketing_pipelines_tests.built import queued_agent_runs_sensor
 from marketing_pipelines_tests.factories import add_campaign, settings_from
@@ -101,7 +100,7 @@ def test_a_succeeded_run_shows_its_output_and_transcript_neutralised(
             )
         return text_turn(INJECTED)
 
-    result = run_one(db_url, instance, anthropic_gateway(answer))
+    result = run_one(db_url, instance, anthropic_models(answer))
     assert result.success and _row(people, run_id)["status"] == "SUCCEEDED"
     metadata = output_metadata(result)
     output, summary = metadata["output"], metadata["transcript"]
@@ -126,7 +125,7 @@ def test_a_failed_run_carries_its_transcript_with_refusals_marked(
         # Never a final answer: only calls of a tool this agent does not have, until the step limit.
         return tool_turn(f"turn {call}", "send_email", {"to": "all"}, call_id=f"toolu_{call}")
 
-    result = run_one(db_url, instance, anthropic_gateway(answer))
+    result = run_one(db_url, instance, anthropic_models(answer))
     assert not result.success
     row = _row(people, run_id)
     assert row["status"] == "FAILED" and "step limit" in row["error"]
@@ -141,9 +140,9 @@ def test_a_failed_run_carries_its_transcript_with_refusals_marked(
 def test_a_provider_not_configured_where_the_run_executes_fails_once_naming_the_fix(
     people: sa.Engine, db_url: str, instance: dg.DagsterInstance
 ) -> None:
-    # Configured where the request was made, not in the code location: ModelGateway() holds no key.
+    # Configured where the request was made, not in the code location: unconfigured_models() hold no key.
     run_id = _request(people, max_attempts=3)
-    result = run_one(db_url, instance, ModelGateway())
+    result = run_one(db_url, instance, unconfigured_models())
     assert not result.success
     row = _row(people, run_id)
     assert (row["status"], row["attempts"], row["max_attempts"]) == ("FAILED", 1, 3)
@@ -210,7 +209,7 @@ def test_a_run_that_loses_its_lease_fails_when_its_agent_run_ended_failed(
         return tool_turn("Reading the campaign.", "read_campaign", {"campaign_id": "spring-launch"})
 
     # The shortest lease: the keeper renews (and finds the loss) every 5/3 seconds.
-    result = run_one(db_url, instance, anthropic_gateway(answer), AgentSettings(lease_grace_seconds=5))
+    result = run_one(db_url, instance, anthropic_models(answer), AgentSettings(lease_grace_seconds=5))
     assert _row(people, run_id)["status"] == status
     assert result.success is success
     said = f"it is {status} now and this run recorded nothing"

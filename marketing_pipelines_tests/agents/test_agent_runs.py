@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,15 +12,13 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.jobs import agent_run_job
-from marketing_pipelines.agents.models import ModelGateway
-from marketing_pipelines.agents.providers.anthropic import AnthropicModel
-from marketing_pipelines.agents.providers.types import ModelProvider
+from marketing_pipelines.agents.providers.registry import ProviderResource
 from marketing_pipelines.agents.queue import get_agent_run, request_agent_run, transcript
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines_tests.agents.fake_models import anthropic_message
+from marketing_pipelines_tests.agents.fake_models import anthropic_message, anthropic_models, unconfigured_models
 from marketing_pipelines_tests.built import queued_agent_runs_sensor
 from marketing_pipelines_tests.factories import add_campaign, settings_from
 
@@ -60,7 +57,7 @@ def _sensor_context(
     )
 
 
-def _run_all(db_url: str, instance: dg.DagsterInstance, models: ModelGateway | None = None) -> list[Any]:
+def _run_all(db_url: str, instance: dg.DagsterInstance, models: dict[str, ProviderResource] | None = None) -> list[Any]:
     context = _sensor_context(db_url, instance)
     result = queued_agent_runs_sensor(context)
     requests = list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
@@ -71,7 +68,7 @@ def _run_all(db_url: str, instance: dg.DagsterInstance, models: ModelGateway | N
             instance=instance,
             resources={
                 "app_db": AppDatabase(url=db_url),
-                "models": models or ModelGateway(),
+                **(models or unconfigured_models()),
                 "agent_settings": AgentSettings(),
             },
             raise_on_error=False,
@@ -241,37 +238,19 @@ def test_inactive_user_cannot_request(people: sa.Engine) -> None:
         _request(people, requested_by="ben")
 
 
-class MockAnthropicGateway(ModelGateway):
-    """The real Anthropic provider, its HTTP answered by a MockTransport shaped like the API."""
-
-    def provider(self, name: str) -> ModelProvider:
-        calls: list[dict[str, Any]] = []
-
-        def answer(request: httpx.Request) -> httpx.Response:
-            body = json.loads(request.content)
-            calls.append(body)
-            if len(calls) == 1:
-                content = [
-                    {"type": "text", "text": "Let me look at the campaign."},
-                    {
-                        "type": "tool_use",
-                        "id": "toolu_01",
-                        "name": "read_campaign",
-                        "input": {"campaign_id": "spring-launch"},
-                    },
-                ]
-                return httpx.Response(200, json=anthropic_message(content, "tool_use", output_tokens=30))
-            tool_result = body["messages"][-1]["content"][0]
-            assert tool_result["type"] == "tool_result" and tool_result["tool_use_id"] == "toolu_01"
-            return httpx.Response(
-                200, json=anthropic_message([{"type": "text", "text": "Spring launch: ship it."}], output_tokens=30)
-            )
-
-        class Mocked(AnthropicModel):
-            def _client(self) -> httpx.Client:
-                return httpx.Client(base_url=self.base_url, transport=httpx.MockTransport(answer))
-
-        return Mocked(api_key="test-key")
+def _read_campaign_then_answer(call: int, body: dict[str, Any]) -> httpx.Response:
+    """Anthropic's API as the agent meets it: a read_campaign tool call, then the answer after its result."""
+    if call == 1:
+        content = [
+            {"type": "text", "text": "Let me look at the campaign."},
+            {"type": "tool_use", "id": "toolu_01", "name": "read_campaign", "input": {"campaign_id": "spring-launch"}},
+        ]
+        return httpx.Response(200, json=anthropic_message(content, "tool_use", output_tokens=30))
+    tool_result = body["messages"][-1]["content"][0]
+    assert tool_result["type"] == "tool_result" and tool_result["tool_use_id"] == "toolu_01"
+    return httpx.Response(
+        200, json=anthropic_message([{"type": "text", "text": "Spring launch: ship it."}], output_tokens=30)
+    )
 
 
 def test_anthropic_provider_drives_the_loop_with_tool_use(
@@ -284,7 +263,7 @@ def test_anthropic_provider_drives_the_loop_with_tool_use(
         provider="anthropic",
         settings=settings_from({"ANTHROPIC_API_KEY": "k"}),
     )
-    [result] = _run_all(db_url, instance, models=MockAnthropicGateway())
+    [result] = _run_all(db_url, instance, models=anthropic_models(_read_campaign_then_answer))
     assert result.success
     row = _row(people, run_id)
     assert row["output"]["text"] == "Spring launch: ship it."

@@ -27,7 +27,7 @@ from marketing_pipelines.agents.queue import (
 from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines_tests.agents.fake_models import anthropic_gateway, text_turn, tool_turn
+from marketing_pipelines_tests.agents.fake_models import anthropic_models, text_turn, tool_turn
 from marketing_pipelines_tests.agents.runs import output_metadata, run_one
 from marketing_pipelines_tests.factories import add_campaign, settings_from
 
@@ -122,7 +122,7 @@ def test_a_run_on_one_campaign_cannot_read_or_write_another(
             return tool_turn(f"turn {call}", name, arguments, call_id=f"toolu_{call}")
         return text_turn("Done.")
 
-    result = run_one(db_url, instance, anthropic_gateway(answer))
+    result = run_one(db_url, instance, anthropic_models(answer))
 
     assert result.success and _row(people, run_id)["status"] == "SUCCEEDED"
     assert _executions(people, OTHER) == []
@@ -188,7 +188,7 @@ def _loop(engine: sa.Engine, run_id: int, attempt: int, calls: list[dict[str, An
         engine=engine,
         definition=get_agent("measurement_analyst"),
         run=row,
-        provider=anthropic_gateway(answer).provider("anthropic"),
+        provider=anthropic_models(answer)["anthropic_model"],
         transcript=Transcript(engine, run_id, attempt),
         limits=RunLimits(max_steps=len(calls) + 1, deadline=time.monotonic() + 60),
         acquire_model_token=lambda: None,

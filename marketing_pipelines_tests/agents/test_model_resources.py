@@ -12,8 +12,10 @@ import dagster as dg
 import pytest
 from pydantic.fields import FieldInfo
 
-from marketing_pipelines.agents.models import ModelGateway, model_resources
+from marketing_pipelines.agents.jobs import run_agent
+from marketing_pipelines.agents.models import model_resources, pick_provider
 from marketing_pipelines.agents.providers.anthropic import AnthropicModel
+from marketing_pipelines.agents.providers.base import HTTPModel
 from marketing_pipelines.agents.providers.offline import OfflineModel
 from marketing_pipelines.agents.providers.openai import OpenAIModel
 from marketing_pipelines.agents.providers.registry import PROVIDERS, provider_spec
@@ -65,8 +67,11 @@ def test_registry_records(
     assert resource_class().name == name
 
 
-def test_the_gateway_has_one_field_per_registered_provider() -> None:
-    assert set(MODEL_PROVIDERS) <= set(ModelGateway.model_fields)
+def test_the_agent_op_takes_every_registered_provider_once() -> None:
+    # A provider added to the registry but not to run_agent's parameters could never run.
+    keys = {spec.resource_key for spec in PROVIDERS}
+    assert len(keys) == len(MODEL_PROVIDERS) and keys <= run_agent.required_resource_keys
+    assert {key for key in run_agent.required_resource_keys if key.endswith("_model")} == keys
 
 
 def test_model_resources_read_the_environment_through_the_registry() -> None:
@@ -78,7 +83,7 @@ def test_model_resources_read_the_environment_through_the_registry() -> None:
     }
     resources = model_resources(settings_from(environ), environ=environ)
 
-    assert sorted(resources) == sorted(["models", *(spec.resource_key for spec in PROVIDERS)])
+    assert sorted(resources) == sorted(spec.resource_key for spec in PROVIDERS)
     anthropic, openai = resources["anthropic_model"], resources["openai_model"]
     assert isinstance(anthropic, AnthropicModel) and isinstance(openai, OpenAIModel)
     # The key is an env var reference, never its value.
@@ -86,14 +91,13 @@ def test_model_resources_read_the_environment_through_the_registry() -> None:
     assert anthropic.model == "claude-opus-4-1"
     assert openai.api_key is None
     assert (openai.model, openai.base_url) == ("gpt-4o-mini", "http://llm.internal:8000/v1")
-    # The gateway holds the registered instances themselves, so the UI links it to them.
-    gateway = resources["models"]
-    for spec in PROVIDERS:
-        assert gateway.nested_resources[spec.name] is resources[spec.resource_key]
 
 
 def test_code_location_registers_the_provider_resources() -> None:
-    assert {"models", "offline_model", "anthropic_model", "openai_model"} <= set(DEFS.resources)
+    assert {"offline_model", "anthropic_model", "openai_model"} <= set(DEFS.resources)
+    # Once each: no other resource holds a provider (a nested copy would show in the UI without its config).
+    for resource in DEFS.resources.values():
+        assert not any(isinstance(nested, HTTPModel) for nested in getattr(resource, "nested_resources", {}).values())
 
 
 @pytest.mark.parametrize(
@@ -111,22 +115,21 @@ def test_configured_provider_problem(provider: str, environ: dict[str, str], pro
 
 
 def test_a_deployment_without_keys_loads_and_a_run_says_not_configured() -> None:
-    resources = model_resources(settings_from({}), environ={})
-    with dg.build_resources({"models": resources["models"]}) as initialised:
-        gateway = initialised.models
-        assert gateway.provider("offline").name == "offline"
+    with dg.build_resources(model_resources(settings_from({}), environ={})) as initialised:
+        providers = initialised.original_resource_dict
+        assert pick_provider("offline", providers).name == "offline"
         with pytest.raises(ServiceError, match="anthropic: not configured: set ANTHROPIC_API_KEY"):
-            gateway.provider("anthropic")
+            pick_provider("anthropic", providers)
         with pytest.raises(ServiceError, match="llama: unknown model provider"):
-            gateway.provider("llama")
+            pick_provider("llama", providers)
 
 
 def test_a_key_set_at_load_resolves_in_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     # The definitions hold the variable's name; the run resolves it from its own environment.
     environ = {"OPENAI_API_KEY": "sk-from-env"}
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
-    with dg.build_resources({"models": model_resources(settings_from(environ), environ)["models"]}) as initialised:
-        assert initialised.models.provider("openai").api_key == "sk-from-env"
+    with dg.build_resources(model_resources(settings_from(environ), environ)) as initialised:
+        assert initialised.openai_model.api_key == "sk-from-env"
 
 
 # --- one client per resource ---------------------------------------------------------------------
@@ -195,13 +198,13 @@ def counting_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[CountingServer]
 
 
 def test_a_run_reuses_one_client_for_every_call_and_closes_it_at_teardown(counting_server: CountingServer) -> None:
-    gateway = ModelGateway(openai=OpenAIModel(api_key="sk-test", base_url=counting_server.base_url))
+    openai = OpenAIModel(api_key="sk-test", base_url=counting_server.base_url)
     messages = [{"role": "user", "content": "hello"}]
 
-    with dg.build_resources({"models": gateway}) as initialised:
-        provider = initialised.models.provider("openai")
+    with dg.build_resources({"openai_model": openai}) as initialised:
+        provider = initialised.openai_model
         assert provider.complete(SYSTEM, messages, []).text == "Campaign 7 got 42 signups."
-        assert initialised.models.provider("openai").complete(SYSTEM, messages, []).text
+        assert initialised.openai_model.complete(SYSTEM, messages, []).text
         # Two calls, one connection: a fresh client per call would have opened two.
         assert (counting_server.requests, counting_server.opened) == (2, 1)
         assert counting_server.closed == 0

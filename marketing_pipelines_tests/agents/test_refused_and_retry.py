@@ -13,7 +13,6 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.jobs import agent_run_job
-from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import (
     AgentRunRefused,
     cancel_agent_run,
@@ -29,6 +28,7 @@ from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines_tests.agents.fake_models import unconfigured_models
 from marketing_pipelines_tests.built import queued_agent_runs_sensor
 from marketing_pipelines_tests.factories import add_campaign
 
@@ -93,7 +93,7 @@ def _run(db_url: str, instance: dg.DagsterInstance, request: dg.RunRequest) -> d
         run_config=request.run_config,
         tags=request.tags,
         instance=instance,
-        resources={"app_db": AppDatabase(url=db_url), "models": ModelGateway(), "agent_settings": AgentSettings()},
+        resources={"app_db": AppDatabase(url=db_url), **unconfigured_models(), "agent_settings": AgentSettings()},
         raise_on_error=False,
     )
 

@@ -14,7 +14,6 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.jobs import agent_run_job
-from marketing_pipelines.agents.models import ModelGateway
 from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.resources import AppDatabase
@@ -25,6 +24,7 @@ from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.monitoring.alert_sensor import AlertCursor, marketing_alerts_sensor
 from marketing_pipelines.monitoring.alerts import Alert, AlertWebhook, FailedRun, format_alert, mrkdwn
 from marketing_pipelines.redact import url_origin
+from marketing_pipelines_tests.agents.fake_models import unconfigured_models
 from marketing_pipelines_tests.built import due_executions_sensor, queued_agent_runs_sensor
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
@@ -195,7 +195,7 @@ def test_a_failed_agent_run_alerts_with_its_agent_and_reason(
         run_config=request.run_config,
         tags=request.tags,
         instance=instance,
-        resources={"app_db": AppDatabase(url=db_url), "models": ModelGateway(), "agent_settings": AgentSettings()},
+        resources={"app_db": AppDatabase(url=db_url), **unconfigured_models(), "agent_settings": AgentSettings()},
         raise_on_error=False,
     )
     assert not run.success

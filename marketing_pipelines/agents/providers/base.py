@@ -38,7 +38,7 @@ class ProviderSpec:
 
     @property
     def resource_key(self) -> str:
-        """The provider resource's key in ``Definitions`` (the gateway holds the same instance)."""
+        """The provider resource's key in ``Definitions``, and the name of ``run_agent``'s parameter taking it."""
         return f"{self.name}_model"
 
     @property

@@ -1,4 +1,4 @@
-"""The provider registry: every model provider's record, and its resources built from settings.
+"""The provider registry: every model provider's record.
 
 Each record (``ProviderSpec``) gives a provider's name, resource class, resource key in
 ``Definitions`` and the settings that configure it, each read from the service's own variable:
@@ -19,13 +19,11 @@ read it without loading any provider).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from marketing_pipelines.agents.providers.anthropic import ANTHROPIC, AnthropicModel
 from marketing_pipelines.agents.providers.base import ProviderSpec
 from marketing_pipelines.agents.providers.offline import OFFLINE, OfflineModel
 from marketing_pipelines.agents.providers.openai import OPENAI, OpenAIModel
-from marketing_pipelines.settings import MODEL_PROVIDERS, Settings, resource_from_settings
+from marketing_pipelines.settings import MODEL_PROVIDERS
 
 ProviderResource = OfflineModel | AnthropicModel | OpenAIModel
 
@@ -38,13 +36,3 @@ PROVIDERS: tuple[ProviderSpec, ...] = tuple(_BY_NAME[name] for name in MODEL_PRO
 
 def provider_spec(name: str) -> ProviderSpec | None:
     return _BY_NAME.get(name)
-
-
-def provider_resources(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, ProviderResource]:
-    """One resource per provider, keyed by provider name, as ``settings`` configure it.
-
-    Model names and base URLs are plain config (they show in the UI); API keys are ``dg.EnvVar``s
-    bound only when their variable is set in ``environ`` (default: os.environ, where the code
-    location loads), so a deployment without a key still loads.
-    """
-    return {spec.name: resource_from_settings(spec.resource_class, settings, environ=environ) for spec in PROVIDERS}
