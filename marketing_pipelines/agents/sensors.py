@@ -16,10 +16,10 @@ from marketing_pipelines.agents.queue import AGENT_RUNS, running_count
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.lease import CANCELLED, new_claim_owner, renew_many
 from marketing_pipelines.db.leased_runs import (
-    RECONCILE_INTERVAL_SECONDS,
     claim_requests,
     claiming_sensor,
     reconcile_run,
+    run_end_sensors,
     sensor_instance,
 )
 from marketing_pipelines.db.resources import AppDatabase
@@ -173,14 +173,7 @@ def build_queued_agent_runs_sensor(interval_seconds: int) -> dg.SensorDefinition
     )
 
 
-@dg.run_failure_sensor(
-    name="agent_run_failure_sensor",
-    monitored_jobs=[agent_run_job],
-    minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Retries or fails an agent run whose Dagster run failed before recording it.",
-)
-def agent_run_failure_sensor(context: dg.RunFailureSensorContext, app_db: AppDatabase) -> None:
+def _on_run_failure(context: dg.RunFailureSensorContext, app_db: AppDatabase) -> None:
     run = context.dagster_run
     message = context.failure_event.message or "run failed"
     status = reconcile_agent_run(app_db.engine(), run, "FAILED", f"Dagster run {run.run_id} failed: {message}")
@@ -188,16 +181,18 @@ def agent_run_failure_sensor(context: dg.RunFailureSensorContext, app_db: AppDat
         context.log.info(f"Run {run.run_id}: agent run now {status}.")
 
 
-@dg.run_status_sensor(
-    name="agent_run_canceled_sensor",
-    run_status=dg.DagsterRunStatus.CANCELED,
-    monitored_jobs=[agent_run_job],
-    minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Marks an agent run CANCELLED when its Dagster run was canceled.",
-)
-def agent_run_canceled_sensor(context: dg.RunStatusSensorContext, app_db: AppDatabase) -> None:
+def _on_run_canceled(context: dg.RunStatusSensorContext, app_db: AppDatabase) -> None:
     run = context.dagster_run
     status = reconcile_agent_run(app_db.engine(), run, CANCELLED, f"Dagster run {run.run_id} was canceled")
     if status:
         context.log.info(f"Run {run.run_id}: agent run now {status}.")
+
+
+agent_run_failure_sensor, agent_run_canceled_sensor = run_end_sensors(
+    "agent",
+    agent_run_job,
+    on_failure=_on_run_failure,
+    failure_description="Retries or fails an agent run whose Dagster run failed before recording it.",
+    on_canceled=_on_run_canceled,
+    canceled_description="Marks an agent run CANCELLED when its Dagster run was canceled.",
+)

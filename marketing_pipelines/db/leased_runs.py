@@ -165,6 +165,38 @@ def claiming_sensor(
     )(tick)
 
 
+def run_end_sensors(
+    queue: str,
+    job: dg.JobDefinition,
+    *,
+    on_failure: Callable[..., None],
+    failure_description: str,
+    on_canceled: Callable[..., None],
+    canceled_description: str,
+) -> tuple[dg.SensorDefinition, dg.SensorDefinition]:
+    """A queue's two reconciling sensors, ``{queue}_run_failure_sensor`` and ``{queue}_run_canceled_sensor``:
+    each hands a run of ``job`` that failed, or was canceled, to ``on_failure`` or ``on_canceled`` (whose
+    parameters name the resources they take, as any sensor function's do). Two, because
+    ``run_failure_sensor`` does not see CANCELED runs.
+    """
+    failure = dg.run_failure_sensor(
+        name=f"{queue}_run_failure_sensor",
+        monitored_jobs=[job],
+        minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=failure_description,
+    )(on_failure)
+    canceled = dg.run_status_sensor(
+        name=f"{queue}_run_canceled_sensor",
+        run_status=dg.DagsterRunStatus.CANCELED,
+        monitored_jobs=[job],
+        minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+        description=canceled_description,
+    )(on_canceled)
+    return failure, canceled
+
+
 def end_unlaunched_claims(
     engine: sa.Engine, queue: LeaseQueue, instance: Callable[[], dg.DagsterInstance | None]
 ) -> tuple[str, ...]:

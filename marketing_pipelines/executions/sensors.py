@@ -14,10 +14,10 @@ import sqlalchemy as sa
 from marketing_pipelines import run_tags
 from marketing_pipelines.db.lease import CANCELLED, LEASE_EXPIRED_ERROR, Recovery, claimed_waiting, new_claim_owner
 from marketing_pipelines.db.leased_runs import (
-    RECONCILE_INTERVAL_SECONDS,
     claim_requests,
     claiming_sensor,
     reconcile_run,
+    run_end_sensors,
     run_never_started,
     sensor_instance,
 )
@@ -170,14 +170,7 @@ def _log_reconciled(context: dg.RunStatusSensorContext, statuses: Mapping[str, i
         context.log.info(f"Run {context.dagster_run.run_id}: executions {summary}.")
 
 
-@dg.run_failure_sensor(
-    name="execution_run_failure_sensor",
-    monitored_jobs=[marketing_execution_job],
-    minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Retries or fails each execution a failed marketing_execution_job run held without recording it.",
-)
-def execution_run_failure_sensor(
+def _on_run_failure(
     context: dg.RunFailureSensorContext, app_db: AppDatabase, execution_settings: ExecutionSettings
 ) -> None:
     run = context.dagster_run
@@ -193,15 +186,19 @@ def execution_run_failure_sensor(
     _log_reconciled(context, statuses)
 
 
-@dg.run_status_sensor(
-    name="execution_run_canceled_sensor",
-    run_status=dg.DagsterRunStatus.CANCELED,
-    monitored_jobs=[marketing_execution_job],
-    minimum_interval_seconds=RECONCILE_INTERVAL_SECONDS,
-    default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Marks the executions a canceled marketing_execution_job run held CANCELLED.",
-)
-def execution_run_canceled_sensor(context: dg.RunStatusSensorContext, app_db: AppDatabase) -> None:
+def _on_run_canceled(context: dg.RunStatusSensorContext, app_db: AppDatabase) -> None:
     run = context.dagster_run
     reason = f"Dagster run {run.run_id} was canceled"
     _log_reconciled(context, reconcile_execution_run(app_db.engine(), run, CANCELLED, reason))
+
+
+execution_run_failure_sensor, execution_run_canceled_sensor = run_end_sensors(
+    "execution",
+    marketing_execution_job,
+    on_failure=_on_run_failure,
+    failure_description=(
+        "Retries or fails each execution a failed marketing_execution_job run held without recording it."
+    ),
+    on_canceled=_on_run_canceled,
+    canceled_description="Marks the executions a canceled marketing_execution_job run held CANCELLED.",
+)
