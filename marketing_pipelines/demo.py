@@ -24,21 +24,18 @@ import sqlalchemy as sa
 from marketing_pipelines import run_tags
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.jobs import agent_run_job
-from marketing_pipelines.agents.models import model_resources
 from marketing_pipelines.agents.queue import list_agent_runs, request_agent_run
-from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import build_queued_agent_runs_sensor
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine, sqlite_path
 from marketing_pipelines.db.migrate import current_revision, upgrade
-from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, marketing_execution
+from marketing_pipelines.definitions import build_defs
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.endpoints import add_endpoint, remove_endpoint
 from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import execution_with_dedupe_key, list_executions, schedule_execution
-from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.sensors import build_due_executions_sensor, executions_of_run
 from marketing_pipelines.executions.signing import signature
 from marketing_pipelines.executions.webhook import WebhookClient
@@ -313,9 +310,12 @@ def _seed_executions(engine: sa.Engine, target: dict[str, Any], echo: Echo) -> l
 
 
 def _demo_resources(settings: Settings) -> dict[str, Any]:
-    """The definitions' resources for ``settings``, with webhooks allowed to the demo's receiver only."""
+    """The definitions' resources for ``settings``, with webhooks allowed to the demo's receiver only.
+
+    The demo requests offline agent runs only: no model provider is called over the network.
+    """
     return {
-        "app_db": resource_from_settings(AppDatabase, settings),
+        **build_defs(settings).resources,
         "webhook": resource_from_settings(
             WebhookClient,
             settings,
@@ -323,10 +323,6 @@ def _demo_resources(settings: Settings) -> dict[str, Any]:
             allow_networks=[str(n) for n in DEMO_EGRESS.allow],
             secrets_key=settings.sealing_keys(),
         ),
-        # The demo requests offline runs only: no provider is called over the network.
-        **model_resources(settings),
-        "execution_settings": resource_from_settings(ExecutionSettings, settings),
-        "agent_settings": resource_from_settings(AgentSettings, settings),
     }
 
 
@@ -350,20 +346,35 @@ def _echo_outcomes(engine: sa.Engine, scheduled: list[int], requested: list[int]
     echo("      See one transcript with: marketing-pipelines agents show " + str(min(requested)))
 
 
-def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], list[int], list[str]]:
-    """Two users with different permissions, and agent runs that exercise both."""
+def _add_demo_users(conn: sa.Connection) -> None:
+    """ana may schedule executions anywhere; ben may only read spring-launch."""
     grants = {
         "ana": [(p, None) for p in ("campaign:read", "measurement:read", "execution:read", "execution:write")],
         "ben": [(p, "spring-launch") for p in ("campaign:read", "measurement:read", "execution:read")],
     }
+    for user_id, user_grants in grants.items():
+        if users.get_user(conn, user_id) is None:
+            users.add_user(conn, user_id)
+        for permission, campaign_id in user_grants:
+            users.grant(conn, user_id, permission, campaign_id)
+
+
+def _earlier_request(conn: sa.Connection, agent: str, campaign_id: str, user_id: str, given: Any) -> int | None:
+    """The first agent run of an earlier demo with the same request, if any."""
+    earlier = [
+        r["id"]
+        for r in list_agent_runs(conn, requested_by=user_id, limit=10_000)
+        if (r["agent"], r["campaign_id"], r["input"]) == (agent, campaign_id, given)
+    ]
+    return min(earlier) if earlier else None
+
+
+def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], list[int], list[str]]:
+    """Two users with different permissions, and agent runs that exercise both."""
     tomorrow = (datetime.now(UTC) + timedelta(days=1)).replace(hour=9, minute=0, second=0, microsecond=0)
     proposal = {"stage": "follow-up", "action": "log", "due": tomorrow.isoformat(), "payload": {"message": "recap"}}
     with engine.begin() as conn:
-        for user_id, user_grants in grants.items():
-            if users.get_user(conn, user_id) is None:
-                users.add_user(conn, user_id)
-            for permission, campaign_id in user_grants:
-                users.grant(conn, user_id, permission, campaign_id)
+        _add_demo_users(conn)
         requests = [
             ("measurement_analyst", "spring-launch", "ana", {"propose": proposal}),
             ("campaign_brief", "spring-launch", "ben", {"stage": "launch", "tone": "playful"}),
@@ -376,13 +387,9 @@ def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], 
         for agent, campaign_id, user_id, given in requests:
             # The same request from an earlier demo: reuse it (its follow-up execution, if any, was
             # scheduled with the agent run's own dedupe key, so nothing is added twice).
-            earlier = [
-                r["id"]
-                for r in list_agent_runs(conn, requested_by=user_id, limit=10_000)
-                if (r["agent"], r["campaign_id"], r["input"]) == (agent, campaign_id, given)
-            ]
-            if earlier:
-                reused.append(min(earlier))
+            earlier = _earlier_request(conn, agent, campaign_id, user_id, given)
+            if earlier is not None:
+                reused.append(earlier)
                 continue
             try:
                 with conn.begin_nested():

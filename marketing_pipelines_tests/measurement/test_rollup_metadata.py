@@ -279,11 +279,13 @@ def test_the_ui_shows_a_range_runs_failing_day_on_its_partition(
 
     seed(engine, generated_events(per_day=20))
     assert materialize_rollup(db_url, instance, *DAYS).success
-    # The code server is a child process: its own environment, set in its own code before the definitions load.
+    # The code server is a child process; its definitions are built from the settings this test gives.
     code = tmp_path / "code_location.py"
-    child_env = {"MARKETING_DATABASE_URL": db_url, "MARKETING_MEASUREMENT_START_DATE": DAYS[0].isoformat()}
+    settings = {"database_url": db_url, "measurement_start_date": DAYS[0].isoformat()}
     code.write_text(
-        f"import os\nos.environ.update({child_env!r})\nfrom marketing_pipelines.definitions import defs  # noqa: F401\n"
+        "from marketing_pipelines.definitions import build_defs\n"
+        "from marketing_pipelines.settings import load_settings\n"
+        f"defs = build_defs(load_settings(**{settings!r}))\n"
     )
 
     with define_out_of_process_context(str(code), None, instance) as context:
