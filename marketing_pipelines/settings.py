@@ -58,6 +58,14 @@ def env_name(field: str) -> str:
     return alias if isinstance(alias, str) else f"{ENV_PREFIX}{field.upper()}"
 
 
+# In a Settings field's json_schema_extra: the setting is shown by its variable's name only, never its
+# value: not in a one-line error (``load_settings``), nor in the UI (a resource field filled from it is
+# ``dg.EnvVar`` of its variable, ``resource_from_settings``). Every SecretStr field carries it, and so do
+# strings that may hold a credential (a database URL, a webhook URL, a base URL of a self-hosted service).
+_SECRET = "marketing_secret"
+SECRET = {_SECRET: True}
+
+
 class Settings(BaseSettings):
     """The README's configuration table mirrors these fields (env var = MARKETING_ + the upper-cased name)."""
 
@@ -67,7 +75,9 @@ class Settings(BaseSettings):
     )
 
     database_url: str | None = Field(
-        None, description="Application database URL (SQLite or PostgreSQL); empty: the embedded SQLite default."
+        None,
+        description="Application database URL (SQLite or PostgreSQL); empty: the embedded SQLite default.",
+        json_schema_extra=SECRET,
     )
     # Chosen from benchmarks/e2e_executions.py (docs/PERFORMANCE.md, section 6).
     sensor_batch_size: int = Field(
@@ -158,6 +168,7 @@ class Settings(BaseSettings):
         None,
         description="Slack-compatible incoming webhook for alerts (failed runs, queue checks at ERROR); off if unset. "
         "Messages and the UI show only its scheme and host.",
+        json_schema_extra=SECRET,
     )
     dagster_ui_url: str | None = Field(
         None, description="Base URL of the Dagster UI, for links to runs (e.g. http://127.0.0.1:3000)."
@@ -167,6 +178,7 @@ class Settings(BaseSettings):
         None,
         description="Fernet key(s), comma-separated, sealing webhook endpoint URLs and signing secrets; the first "
         "seals, all open. With a SQLite database and no key set, a secrets.key file beside it (the demo's).",
+        json_schema_extra=SECRET,
     )
     webhook_rotation_hours: float = Field(
         24.0,
@@ -179,42 +191,58 @@ class Settings(BaseSettings):
     # The measurement importers, each read from its service's own variables (no MARKETING_ prefix). An
     # importer whose credentials are not all set is left out of the definitions (measurement/defs.py).
     plausible_api_key: SecretStr | None = Field(
-        None, validation_alias="PLAUSIBLE_API_KEY", description="Plausible Stats API key (site analytics importer)."
+        None,
+        validation_alias="PLAUSIBLE_API_KEY",
+        description="Plausible Stats API key (site analytics importer).",
+        json_schema_extra=SECRET,
     )
     plausible_site_id: str | None = Field(
-        None, validation_alias="PLAUSIBLE_SITE_ID", description="Site domain as registered in Plausible."
+        None,
+        validation_alias="PLAUSIBLE_SITE_ID",
+        description="Site domain as registered in Plausible.",
+        json_schema_extra=SECRET,
     )
     plausible_base_url: str = Field(
         "https://plausible.io",
         validation_alias="PLAUSIBLE_BASE_URL",
         description="Plausible origin; change for self-hosting.",
+        json_schema_extra=SECRET,
     )
     github_token: SecretStr | None = Field(
         None,
         validation_alias="GITHUB_TOKEN",
         description="GitHub token with read access to the campaigns' repositories (release downloads importer).",
+        json_schema_extra=SECRET,
     )
     github_api_url: str = Field(
         "https://api.github.com",
         validation_alias="GITHUB_API_URL",
         description="GitHub API root; change for GitHub Enterprise.",
+        json_schema_extra=SECRET,
     )
 
     # The model providers, each read from its service's own variables. A provider without a key is
     # "not configured": the code location still loads, and a request for it is refused.
     anthropic_api_key: SecretStr | None = Field(
-        None, validation_alias="ANTHROPIC_API_KEY", description="Anthropic API key (model provider anthropic)."
+        None,
+        validation_alias="ANTHROPIC_API_KEY",
+        description="Anthropic API key (model provider anthropic).",
+        json_schema_extra=SECRET,
     )
     anthropic_model: str = Field(
         "claude-sonnet-4-5", validation_alias="ANTHROPIC_MODEL", description="Model of the anthropic provider."
     )
     anthropic_base_url: str = Field(
-        "https://api.anthropic.com", validation_alias="ANTHROPIC_BASE_URL", description="Anthropic API origin."
+        "https://api.anthropic.com",
+        validation_alias="ANTHROPIC_BASE_URL",
+        description="Anthropic API origin.",
+        json_schema_extra=SECRET,
     )
     openai_api_key: SecretStr | None = Field(
         None,
         validation_alias="OPENAI_API_KEY",
         description="OpenAI (or compatible server) API key (model provider openai).",
+        json_schema_extra=SECRET,
     )
     openai_model: str = Field(
         "gpt-4o-mini", validation_alias="OPENAI_MODEL", description="Model of the openai provider."
@@ -223,6 +251,7 @@ class Settings(BaseSettings):
         "https://api.openai.com/v1",
         validation_alias="OPENAI_BASE_URL",
         description="Chat Completions API root: OpenAI's, or an OpenAI-compatible server's.",
+        json_schema_extra=SECRET,
     )
 
     @field_validator("health_due_lag_error_seconds", "health_failed_last_hour_error")
@@ -338,9 +367,7 @@ def _one_line(exc: ValidationError) -> str:
     message = message[:1].lower() + message[1:]
     if error["type"] in ("greater_than_equal", "less_than_equal", "finite_number"):
         message = _bounds(field) or message
-    info = Settings.model_fields.get(field)
-    secret = info is not None and "SecretStr" in str(info.annotation)
-    shown = "(a secret, not shown)" if secret else repr(error.get("input"))
+    shown = "(a secret, not shown)" if field in Settings.model_fields and is_secret(field) else repr(error.get("input"))
     return f"{env_name(field)}={shown} is not valid: {message}"
 
 
@@ -360,18 +387,24 @@ def current_settings() -> Settings:
 
 # The key, in a resource field's json_schema_extra, naming the setting the field is (``setting_field``).
 _SETTING = "marketing_setting"
-_SECRET = "marketing_secret"
 
 
-def setting_field(name: str, *, secret: bool = False) -> Any:
+def is_secret(name: str) -> bool:
+    """Whether setting ``name`` is shown by its variable's name only (``SECRET`` in its field)."""
+    extra = Settings.model_fields[name].json_schema_extra
+    return isinstance(extra, dict) and bool(extra.get(_SECRET))
+
+
+def setting_field(name: str) -> Any:
     """A resource field that is the setting ``name``: same default and bounds, its env var in the description.
 
     Resources declare ``batch_size: int = setting_field("sensor_batch_size")``, so a value edited
     in the launchpad is held to the same bounds as the env var, and the UI says where it comes from;
-    ``resource_from_settings`` fills the field from ``Settings`` by that name. A ``secret`` field is
-    given as ``dg.EnvVar`` of its variable, so the UI shows the variable's name, never the value.
+    ``resource_from_settings`` fills the field from ``Settings`` by that name. The field of a secret
+    setting (``is_secret``) is given as ``dg.EnvVar`` of its variable, so the UI shows the variable's
+    name, never the value.
     """
-    info = Settings.model_fields[name]
+    info, secret = Settings.model_fields[name], is_secret(name)
     # Dagster's config holds lists, not tuples: a setting's tuple default is the resource field's list.
     default = list(info.default) if isinstance(info.default, tuple) else info.default
     field = FieldInfo.merge_field_infos(

@@ -18,7 +18,14 @@ from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.monitoring.alerts import AlertWebhook
 from marketing_pipelines.monitoring.resources import HealthSettings
-from marketing_pipelines.settings import Settings, SettingsError, env_name, load_settings, resource_from_settings
+from marketing_pipelines.settings import (
+    Settings,
+    SettingsError,
+    env_name,
+    is_secret,
+    load_settings,
+    resource_from_settings,
+)
 from marketing_pipelines_tests.built import DEFS
 from marketing_pipelines_tests.processes import dagster_bin
 
@@ -185,9 +192,13 @@ def test_the_services_own_variables_are_settings(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_bad_service_variable_is_named_and_a_secret_is_not_quoted() -> None:
+    with pytest.raises(SettingsError) as model_error:
+        load_settings(anthropic_model=5)
+    assert str(model_error.value).startswith("ANTHROPIC_MODEL=5 is not valid")
+    # A base URL may carry credentials (a self-hosted origin): shown by name only, as a key is.
     with pytest.raises(SettingsError) as url_error:
         load_settings(plausible_base_url=5)
-    assert str(url_error.value).startswith("PLAUSIBLE_BASE_URL=5 is not valid")
+    assert str(url_error.value).startswith("PLAUSIBLE_BASE_URL=(a secret, not shown) is not valid")
     with pytest.raises(SettingsError) as token_error:
         load_settings(github_token=987654321)
     message = str(token_error.value)
@@ -196,3 +207,18 @@ def test_a_bad_service_variable_is_named_and_a_secret_is_not_quoted() -> None:
     with pytest.raises(SettingsError) as key_error:
         load_settings(secrets_key=123456789)
     assert "123456789" not in str(key_error.value) and "MARKETING_SECRETS_KEY=" in str(key_error.value)
+
+
+def test_one_marker_makes_a_setting_secret_in_errors_and_in_the_ui() -> None:
+    secret = {name for name in Settings.model_fields if is_secret(name)}
+    # Every SecretStr is marked, and every URL that may carry a credential.
+    assert {name for name, info in Settings.model_fields.items() if "SecretStr" in str(info.annotation)} <= secret
+    assert {name for name in Settings.model_fields if name.endswith(("_url", "_base_url"))} - secret == {
+        "dagster_ui_url"
+    }
+    # A resource field filled from a marked setting says so and becomes an EnvVar of its variable when set.
+    for resource in DEFS.resources.values():
+        for field in type(resource).model_fields.values():
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            if extra.get("marketing_setting") in secret:
+                assert (field.description or "").endswith("(shown by name only)."), field.description

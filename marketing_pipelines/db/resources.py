@@ -19,7 +19,7 @@ class AppDatabase(dg.ConfigurableResource):
     default under ``.marketing/`` of the working directory.
     """
 
-    url: str | None = setting_field("database_url", secret=True)
+    url: str | None = setting_field("database_url")
 
     def resolved_url(self) -> str:
         return self.url or default_database_url()

@@ -49,7 +49,7 @@ class WebhookClient(dg.ConfigurableResource):
     timeout_s: float = setting_field("webhook_timeout_seconds")
     allow_networks: list[str] = setting_field("webhook_allow_networks")
     concurrency: int = setting_field("webhook_concurrency")
-    secrets_key: str | None = setting_field("secrets_key", secret=True)
+    secrets_key: str | None = setting_field("secrets_key")
     secrets_key_file: str | None = Field(
         default=None, description="A file holding the key instead (the embedded SQLite default's secrets.key)."
     )

@@ -289,7 +289,7 @@ class AlertWebhook(dg.ConfigurableResource):
     only the variable's name shows in the UI; messages and tick reasons show its scheme and host.
     """
 
-    url: str | None = setting_field("alert_webhook_url", secret=True)
+    url: str | None = setting_field("alert_webhook_url")
     dagster_ui_url: str | None = setting_field("dagster_ui_url")
 
     @property

@@ -90,7 +90,9 @@ def test_model_resources_read_the_environment_through_the_registry() -> None:
     assert isinstance(anthropic.api_key, dg.EnvVar) and anthropic.api_key == "ANTHROPIC_API_KEY"
     assert anthropic.model == "claude-opus-4-1"
     assert openai.api_key is None
-    assert (openai.model, openai.base_url) == ("gpt-4o-mini", "http://llm.internal:8000/v1")
+    # A base URL may carry credentials (an internal server's): shown by its variable's name, as the key is.
+    assert openai.model == "gpt-4o-mini" and isinstance(openai.base_url, dg.EnvVar)
+    assert openai.base_url == "OPENAI_BASE_URL" and anthropic.base_url == "https://api.anthropic.com"
 
 
 def test_code_location_registers_the_provider_resources() -> None:

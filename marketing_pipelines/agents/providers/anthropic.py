@@ -18,7 +18,7 @@ ANTHROPIC_VERSION = "2023-06-01"
 class AnthropicModel(HTTPModel):
     """Claude through the Anthropic Messages API."""
 
-    api_key: str | None = setting_field("anthropic_api_key", secret=True)
+    api_key: str | None = setting_field("anthropic_api_key")
     model: str = setting_field("anthropic_model")
     base_url: str = setting_field("anthropic_base_url")
 

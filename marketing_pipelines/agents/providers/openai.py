@@ -19,7 +19,7 @@ class OpenAIModel(HTTPModel):
     Requests go to ``POST {base_url}/chat/completions``.
     """
 
-    api_key: str | None = setting_field("openai_api_key", secret=True)
+    api_key: str | None = setting_field("openai_api_key")
     model: str = setting_field("openai_model")
     base_url: str = setting_field("openai_base_url")
     # OpenAI deprecated "max_tokens" and its reasoning and newer models reject it, while some

@@ -102,9 +102,9 @@ class GitHubReleasesClient(dg.ConfigurableResource):
 
     name: ClassVar[str] = "github_releases"
 
-    token: str | None = setting_field("github_token", secret=True)
+    token: str | None = setting_field("github_token")
     # Shown by name when set, as before it was a setting: an Enterprise API root may carry credentials.
-    base_url: str = setting_field("github_api_url", secret=True)
+    base_url: str = setting_field("github_api_url")
     timeout_s: float = Field(default=30.0, gt=0, description="Timeout of each HTTP call, in seconds.")
     api_version: str = Field(default="2022-11-28", description="Sent as X-GitHub-Api-Version.")
 

@@ -51,10 +51,10 @@ class PlausibleClient(dg.ConfigurableResource):
 
     name: ClassVar[str] = "plausible"
 
-    api_key: str | None = setting_field("plausible_api_key", secret=True)
-    site_id: str | None = setting_field("plausible_site_id", secret=True)
+    api_key: str | None = setting_field("plausible_api_key")
+    site_id: str | None = setting_field("plausible_site_id")
     # Shown by name when set, as before it was a setting: a self-hosted origin may carry credentials.
-    base_url: str = setting_field("plausible_base_url", secret=True)
+    base_url: str = setting_field("plausible_base_url")
     timeout_s: float = Field(default=30.0, gt=0, description="Timeout of each HTTP call, in seconds.")
     page_size: int = Field(default=MAX_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE, description="Rows requested per page.")
 

@@ -191,7 +191,7 @@ class RollupFrameIOManager(dg.ConfigurableIOManager):
     1.13.27 warns (DeprecationWarning, InitResourceContext.dagster_run) on every run that builds a nested one.
     """
 
-    url: str | None = setting_field("database_url", secret=True)
+    url: str | None = setting_field("database_url")
 
     def handle_output(self, context: dg.OutputContext, obj: object) -> None:
         if obj is not None:
