@@ -2,7 +2,7 @@
 
 One module per step; import each name from its module:
 
-- ``validate``: the checks one decoded event passes (``validate_event``) and the row it becomes;
+- ``validate``: the checks one decoded event passes and the row it becomes (``validated_row``);
 - ``json_text``: JSON text read with orjson where that reads exactly as ``strict_json.loads_json`` does;
 - ``parse``: a file's bytes as bounded lines, then JSONL objects or CSV rows, each bad line with its reason;
 - ``write``: rows stored in ``marketing_event`` (INSERT, or COPY on PostgreSQL), and ``record_events``;

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Container, Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -27,20 +26,6 @@ COMPARED_FIELDS = ("campaign_id", "stage", "event_type", "occurred_at", "source"
 
 class InvalidEvent(ValueError):
     """One event cannot be accepted; the message is the reject reason."""
-
-
-@dataclass(frozen=True)
-class MarketingEvent:
-    """A validated event, ready to insert."""
-
-    event_id: str
-    campaign_id: str
-    stage: str
-    event_type: str
-    occurred_at: datetime
-    source: str
-    actor_id: str | None = None
-    properties: dict[str, Any] = field(default_factory=dict)
 
 
 class EventRow(NamedTuple):
@@ -155,7 +140,8 @@ def _properties(value: Any, json_native: bool) -> tuple[dict[str, Any], str]:
 def validated_row(
     raw: Mapping[str, Any], known_campaigns: Container[str], default_source: str, now: datetime, json_native: bool
 ) -> EventRow:
-    """validate_event's checks, in its order, returning the row to write."""
+    """``raw`` checked (field limits, the timestamp, the properties' JSON) as the row to write, or InvalidEvent
+    naming the first problem."""
     get = raw.get
     event_id, campaign_id, stage, event_type = get("event_id"), get("campaign_id"), get("stage"), get("event_type")
     # One test for the common case of the four (each a short ASCII string without NUL); otherwise _text
@@ -192,14 +178,6 @@ def validated_row(
         EventRow,
         (event_id, campaign_id, stage, event_type, occurred_at, source, actor_id, properties, properties_json),
     )
-
-
-def validate_event(
-    raw: Mapping[str, Any], known_campaigns: Container[str], default_source: str, now: datetime
-) -> MarketingEvent:
-    """A MarketingEvent from a decoded row, or InvalidEvent naming the first problem."""
-    row = validated_row(raw, known_campaigns, default_source, now, json_native=False)
-    return MarketingEvent(*row[:8])
 
 
 def known_campaign_ids(conn: sa.Connection) -> set[str]:
