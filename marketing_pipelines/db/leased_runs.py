@@ -154,8 +154,8 @@ def claiming_sensor(
     description: str,
 ) -> dg.SensorDefinition:
     """A queue's claiming sensor: ``tick`` (whose parameters name the resources it takes, as any sensor
-    function's do) evaluated at most every ``interval_seconds`` (MARKETING_SENSOR_INTERVAL_SECONDS), on
-    from the start, launching ``job``."""
+    function's do) evaluated at most every ``interval_seconds`` (MARKETING_SENSOR_INTERVAL_SECONDS),
+    running by default, launching ``job``."""
     return dg.sensor(
         name=name,
         jobs=[job],
