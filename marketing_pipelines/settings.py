@@ -411,12 +411,22 @@ def setting_field(name: str) -> Any:
         info,
         default=default,
         description=f"{info.description} Env var: {env_name(name)}{' (shown by name only)' if secret else ''}.",
-        json_schema_extra={_SETTING: name, _SECRET: secret},
+        json_schema_extra={_SETTING: name},
     )
     # A service's variable is the setting's alias; the resource's field keeps its own name.
     field.alias = field.validation_alias = field.serialization_alias = None
     field.alias_priority = None
     return field
+
+
+def settings_of(resource_class: type) -> dict[str, str]:
+    """Each field of ``resource_class`` declared with ``setting_field`` -> the setting it is."""
+    fields = {}
+    for field, info in resource_class.model_fields.items():  # type: ignore[attr-defined]
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if isinstance(extra.get(_SETTING), str):
+            fields[field] = extra[_SETTING]
+    return fields
 
 
 def resource_from_settings(
@@ -429,13 +439,11 @@ def resource_from_settings(
     in ``environ`` (default: os.environ, where the code location loads), else the value ``settings``
     holds (given in code, or empty).
     """
-    for field, info in resource_class.model_fields.items():  # type: ignore[attr-defined]
-        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        name = extra.get(_SETTING)
-        if not isinstance(name, str) or field in values:
+    for field, name in settings_of(resource_class).items():
+        if field in values:
             continue
         value = getattr(settings, name)
-        if extra.get(_SECRET):
+        if is_secret(name):
             plain = value.get_secret_value() if isinstance(value, SecretStr) else value
             value = env_var_if_set(env_name(name), environ) or plain
         elif isinstance(value, tuple):

@@ -25,6 +25,7 @@ from marketing_pipelines.settings import (
     is_secret,
     load_settings,
     resource_from_settings,
+    settings_of,
 )
 from marketing_pipelines_tests.built import DEFS
 from marketing_pipelines_tests.processes import dagster_bin
@@ -94,10 +95,7 @@ def test_every_field_a_resource_declares_a_setting_takes_that_settings_value() -
     for resource_class in (ExecutionSettings, WebhookClient, AgentSettings, HealthSettings, AlertWebhook,
                            AppDatabase, RollupFrameIOManager):  # fmt: skip
         resource = resource_from_settings(resource_class, settings, environ={})
-        for field, info in resource_class.model_fields.items():
-            name = (info.json_schema_extra or {}).get("marketing_setting")
-            if name is None:
-                continue
+        for field, name in settings_of(resource_class).items():
             seen.add(name)
             expected = getattr(settings, name)
             expected = expected.get_secret_value() if hasattr(expected, "get_secret_value") else expected
@@ -218,7 +216,7 @@ def test_one_marker_makes_a_setting_secret_in_errors_and_in_the_ui() -> None:
     }
     # A resource field filled from a marked setting says so and becomes an EnvVar of its variable when set.
     for resource in DEFS.resources.values():
-        for field in type(resource).model_fields.values():
-            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-            if extra.get("marketing_setting") in secret:
-                assert (field.description or "").endswith("(shown by name only)."), field.description
+        for field, name in settings_of(type(resource)).items():
+            if name in secret:
+                description = type(resource).model_fields[field].description or ""
+                assert description.endswith("(shown by name only)."), description

@@ -51,9 +51,6 @@ class AnthropicModel(HTTPModel):
 ANTHROPIC = ProviderSpec(
     name="anthropic",
     resource_class=AnthropicModel,
-    api_key_setting="anthropic_api_key",
-    model_setting="anthropic_model",
-    base_url_setting="anthropic_base_url",
 )
 
 

@@ -17,24 +17,22 @@ from pydantic import ConfigDict, PrivateAttr, field_validator
 
 from marketing_pipelines.http import ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.redact import redact_text
-from marketing_pipelines.settings import Settings, api_key_problem, env_name, shown_in_ui
+from marketing_pipelines.settings import Settings, api_key_problem, env_name, settings_of, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 
 @dataclass(frozen=True)
 class ProviderSpec:
-    """One provider: its name, its resource, and the settings (the service's own variables) that configure it.
+    """One provider: its name and its resource.
 
     Each provider module declares its own spec next to its resource class; ``registry.PROVIDERS``
-    lists them. The resource's fields are those settings (``setting_field``), so defaults live in
-    ``Settings`` alone and ``resource_from_settings`` builds it like every other resource.
+    lists them. The settings that configure a provider (the service's own variables) are its
+    resource's ``setting_field``s, so defaults live in ``Settings`` alone, ``resource_from_settings``
+    builds it like every other resource, and the variables below are read off those fields.
     """
 
     name: str
     resource_class: type[dg.ConfigurableResource]
-    api_key_setting: str | None = None
-    model_setting: str | None = None
-    base_url_setting: str | None = None
 
     @property
     def resource_key(self) -> str:
@@ -43,21 +41,25 @@ class ProviderSpec:
 
     @property
     def api_key_env(self) -> str | None:
-        return env_name(self.api_key_setting) if self.api_key_setting else None
+        return self._variable("api_key")
 
     @property
     def model_env(self) -> str | None:
-        return env_name(self.model_setting) if self.model_setting else None
+        return self._variable("model")
 
     @property
     def base_url_env(self) -> str | None:
-        return env_name(self.base_url_setting) if self.base_url_setting else None
+        return self._variable("base_url")
 
     def missing_key(self, settings: Settings) -> str | None:
         """The API-key variable this provider needs and ``settings`` lack, or None."""
-        if self.api_key_setting and getattr(settings, self.api_key_setting) is None:
-            return self.api_key_env
-        return None
+        setting = settings_of(self.resource_class).get("api_key")
+        return env_name(setting) if setting and getattr(settings, setting) is None else None
+
+    def _variable(self, field: str) -> str | None:
+        """The variable the resource's ``field`` is read from, or None when it is no setting."""
+        setting = settings_of(self.resource_class).get(field)
+        return env_name(setting) if setting else None
 
 
 @shown_in_ui

@@ -53,9 +53,6 @@ class OpenAIModel(HTTPModel):
 OPENAI = ProviderSpec(
     name="openai",
     resource_class=OpenAIModel,
-    api_key_setting="openai_api_key",
-    model_setting="openai_model",
-    base_url_setting="openai_base_url",
 )
 
 
