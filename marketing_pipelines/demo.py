@@ -41,7 +41,7 @@ from marketing_pipelines.executions.signing import signature
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.measurement.demo import run_measurement_demo
 from marketing_pipelines.sealing import SecretBox, new_key
-from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings, load_settings, resource_from_settings
+from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings, load_settings
 
 Echo = Callable[[str], None]
 
@@ -316,12 +316,8 @@ def _demo_resources(settings: Settings) -> dict[str, Any]:
     """
     return {
         **build_defs(settings).resources,
-        "webhook": resource_from_settings(
-            WebhookClient,
-            settings,
-            timeout_s=5,
-            allow_networks=[str(n) for n in DEMO_EGRESS.allow],
-            secrets_key=settings.sealing_keys(),
+        "webhook": WebhookClient.from_settings(
+            settings, timeout_s=5, allow_networks=[str(n) for n in DEMO_EGRESS.allow]
         ),
     }
 

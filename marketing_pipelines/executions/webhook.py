@@ -61,14 +61,15 @@ class WebhookClient(dg.ConfigurableResource):
         return [str(network) for network in parse_networks(value)]
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> WebhookClient:
-        """The client of ``settings``; without a key, the SQLite database's key file (made by the demo).
+    def from_settings(cls, settings: Settings, **values: Any) -> WebhookClient:
+        """The client of ``settings`` (``values`` replace fields); without a key, the SQLite database's key
+        file (made by the demo).
 
         The file is read when a run sends, so one made after the code location loaded (a first demo
         while `marketing-pipelines ui` is up) is found.
         """
         key_file = settings.secrets_key_file() if settings.secrets_key is None else None
-        return resource_from_settings(cls, settings, secrets_key_file=str(key_file) if key_file else None)
+        return resource_from_settings(cls, settings, secrets_key_file=str(key_file) if key_file else None, **values)
 
     def sealing_keys(self) -> str | None:
         if self.secrets_key:
