@@ -112,14 +112,14 @@ def _demo_endpoint(engine: sa.Engine, settings: Settings, hook_url: str, echo: E
     owner only) the first time; with another database and no MARKETING_SECRETS_KEY, the demo's
     webhook goes to a raw URL, unsigned, and says so.
     """
-    keys = settings.sealing_keys()
+    keys = settings.sealing_keys().text
     key_file = settings.secrets_key_file()
     if keys is None and key_file is not None:
         key_file.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w", encoding="ascii") as handle:
             handle.write(new_key() + "\n")
-        keys = settings.sealing_keys()
+        keys = settings.sealing_keys().text
         echo(f"      made a key for sealed webhook endpoints: {key_file} (MARKETING_SECRETS_KEY overrides it)")
     if keys is None:
         echo("      MARKETING_SECRETS_KEY is not set: the demo's webhook goes unsigned to a raw URL")

@@ -29,6 +29,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from marketing_pipelines.egress import parse_networks
+from marketing_pipelines.sealing import KeySource, key_source
 
 if TYPE_CHECKING:
     import dagster as dg
@@ -177,7 +178,8 @@ class Settings(BaseSettings):
     secrets_key: SecretStr | None = Field(
         None,
         description="Fernet key(s), comma-separated, sealing webhook endpoint URLs and signing secrets; the first "
-        "seals, all open. With a SQLite database and no key set, a secrets.key file beside it (the demo's).",
+        "seals, all open. With a SQLite database and no key set, a secrets.key file beside it (the demo's); when "
+        "both are there they must hold the same keys.",
         json_schema_extra=SECRET,
     )
     webhook_rotation_hours: float = Field(
@@ -299,12 +301,10 @@ class Settings(BaseSettings):
             return None
         return Path(url.removeprefix("sqlite:///").split("?")[0]).parent / SECRETS_KEY_FILE
 
-    def sealing_keys(self) -> str | None:
-        """The text of MARKETING_SECRETS_KEY, else of the SQLite database's key file, else None."""
-        if self.secrets_key is not None:
-            return self.secrets_key.get_secret_value()
-        key_file = self.secrets_key_file()
-        return read_key_file(key_file) if key_file is not None else None
+    def sealing_keys(self) -> KeySource:
+        """MARKETING_SECRETS_KEY, else the SQLite database's key file, and which; SealingError when they differ."""
+        variable = self.secrets_key.get_secret_value() if self.secrets_key is not None else None
+        return key_source(variable, self.secrets_key_file())
 
 
 def api_key_problem(key: str) -> str | None:
@@ -318,12 +318,6 @@ def api_key_problem(key: str) -> str | None:
     if not (key.isascii() and key.isprintable()) or any(c.isspace() for c in key):
         return "holds white space, a control character or a non-ASCII character inside (the value is not shown)"
     return None
-
-
-def read_key_file(path: str | Path) -> str | None:
-    """The key text a key file holds (surrounding white space stripped), or None when there is no such file."""
-    path = Path(path)
-    return (path.read_text(encoding="ascii").strip() or None) if path.is_file() else None
 
 
 def dagster_ui_base(url: str | None) -> str | None:

@@ -31,7 +31,7 @@ def webhooks() -> None:
 
 def _box() -> SecretBox:
     try:
-        return SecretBox(settings().sealing_keys())
+        return SecretBox.of(settings().sealing_keys())
     except SealingError as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -9,10 +9,10 @@ signing alongside it until ``previous_secret_until`` so receivers can switch wit
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -23,9 +23,7 @@ from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import Endpoint, InvalidPayload, check_endpoint_name, check_webhook_url
 from marketing_pipelines.executions.signing import new_signing_secret
 from marketing_pipelines.redact import url_origin
-
-if TYPE_CHECKING:
-    from marketing_pipelines.sealing import SecretBox
+from marketing_pipelines.sealing import KeySource, SealingError, SecretBox
 
 
 @dataclass(frozen=True)
@@ -153,19 +151,18 @@ def endpoint_names(payloads: Iterable[Mapping[str, Any]]) -> set[str]:
     return {p["endpoint"] for p in payloads if isinstance(p, Mapping) and isinstance(p.get("endpoint"), str)}
 
 
-def open_endpoints(conn: sa.Connection, keys_text: str | None, names: set[str]) -> dict[str, Endpoint | str]:
-    """The named endpoints opened for sending; a name that cannot be used maps to the one-line reason."""
+def open_endpoints(conn: sa.Connection, keys: Callable[[], KeySource], names: set[str]) -> dict[str, Endpoint | str]:
+    """The named endpoints opened for sending; a name that cannot be used maps to the one-line reason.
+
+    ``keys`` is called here, so that no key source (or two that disagree) fails each named endpoint.
+    """
     if not names:
         return {}
-    # Deferred: scheduling imports this module (require_endpoint) and opens no endpoint, so it need not
-    # load cryptography.
-    from marketing_pipelines.sealing import SealingError, SecretBox
-
     t = webhook_endpoint
     rows = {row.name: row for row in conn.execute(sa.select(t).where(t.c.name.in_(sorted(names))))}
     opened: dict[str, Endpoint | str] = {}
     try:
-        box = SecretBox(keys_text)
+        box = SecretBox.of(keys())
     except SealingError as exc:
         return {name: str(exc) for name in names}
     for name in names:

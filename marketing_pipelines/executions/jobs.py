@@ -328,7 +328,7 @@ def perform_executions(
         endpoints: Mapping[str, Endpoint | str] = {}
         if names:
             with engine.connect() as conn:
-                endpoints = open_endpoints(conn, webhook.sealing_keys(), names)
+                endpoints = open_endpoints(conn, webhook.sealing_keys, names)
         with (
             LeaseKeeper(
                 engine, EXECUTIONS, sorted(taken), owner, settings.lease_seconds, on_lost=context.log.error

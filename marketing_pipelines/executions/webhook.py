@@ -20,7 +20,8 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.http import redact_httpx_logs
-from marketing_pipelines.settings import Settings, read_key_file, resource_from_settings, setting_field, shown_in_ui
+from marketing_pipelines.sealing import KeySource, key_source
+from marketing_pipelines.settings import Settings, resource_from_settings, setting_field, shown_in_ui
 
 # httpx logs each request's whole URL (an endpoint's path is often its token): every webhook and alert
 # POST goes through this client, so it installs the one redacting filter itself.
@@ -51,7 +52,10 @@ class WebhookClient(dg.ConfigurableResource):
     concurrency: int = setting_field("webhook_concurrency")
     secrets_key: str | None = setting_field("secrets_key")
     secrets_key_file: str | None = Field(
-        default=None, description="A file holding the key instead (the embedded SQLite default's secrets.key)."
+        default=None,
+        description=(
+            "The SQLite database's key file (secrets.key), used when secrets_key is not set; the two may not differ."
+        ),
     )
     _run_loop: RunLoop | None = PrivateAttr(default=None)
 
@@ -62,20 +66,19 @@ class WebhookClient(dg.ConfigurableResource):
 
     @classmethod
     def from_settings(cls, settings: Settings, **values: Any) -> WebhookClient:
-        """The client of ``settings`` (``values`` replace fields); without a key, the SQLite database's key
-        file (made by the demo).
+        """The client of ``settings`` (``values`` replace fields), with the SQLite database's key file (made
+        by the demo) as its key source when MARKETING_SECRETS_KEY is not set.
 
         The file is read when a run sends, so one made after the code location loaded (a first demo
         while `marketing-pipelines ui` is up) is found.
         """
-        key_file = settings.secrets_key_file() if settings.secrets_key is None else None
+        key_file = settings.secrets_key_file()
         return resource_from_settings(cls, settings, secrets_key_file=str(key_file) if key_file else None, **values)
 
-    def sealing_keys(self) -> str | None:
-        if self.secrets_key:
-            return self.secrets_key
-        # Read when a run sends, as settings.sealing_keys reads it when a command runs.
-        return read_key_file(self.secrets_key_file) if self.secrets_key_file else None
+    def sealing_keys(self) -> KeySource:
+        """The keys this process opens endpoints with and their source, as ``Settings.sealing_keys`` finds them
+        for a command: read when a run sends; SealingError when the variable and the key file differ."""
+        return key_source(self.secrets_key, self.secrets_key_file)
 
     def policy(self) -> EgressPolicy:
         return EgressPolicy(parse_networks(self.allow_networks))
