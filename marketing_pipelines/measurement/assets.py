@@ -6,7 +6,7 @@ a backfill run covers a range of days in one pass (``BackfillPolicy.multi_run``)
 """
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import NamedTuple
 
 import dagster as dg
@@ -28,6 +28,7 @@ from marketing_pipelines.measurement.checks import (
     on_partition,
     rollup_check_specs,
 )
+from marketing_pipelines.measurement.events.write import IngestionReading, ingestion_reading
 from marketing_pipelines.measurement.importers.base import Importer
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
@@ -40,6 +41,7 @@ from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE
 from marketing_pipelines.measurement.report.rendering import funnel_markdown
 from marketing_pipelines.measurement.rollup.daily import MAX_SHOWN_COUNTS, RollupSummary, replace_rollup_days
 from marketing_pipelines.measurement.sources import SOURCES, missing_variables
+from marketing_pipelines.observable import observable_assets
 from marketing_pipelines.redact import visible_controls
 from marketing_pipelines.settings import Settings
 
@@ -71,15 +73,43 @@ def measurement_partitions(start_date: date) -> dg.DailyPartitionsDefinition:
     )
 
 
+MARKETING_EVENT_KEY = dg.AssetKey("marketing_event")
 marketing_event_asset = dg.AssetSpec(
-    "marketing_event",
+    MARKETING_EVENT_KEY,
     description=(
         "Raw first-party marketing events, written by `marketing-pipelines events load` and by "
-        "`record_events` in the application. One row is one event (event_id is the dedupe key)."
+        "`record_events` in the application. One row is one event (event_id is the dedupe key). Observed "
+        "by measurement_late_events_sensor each tick: `last_ingested_at`, `ingested_last_hour`."
     ),
     group_name=GROUP,
     kinds={"sql"},
     owners=OWNERS,
+)
+
+
+def marketing_event_observation(reading: IngestionReading) -> dg.AssetObservation:
+    """One reading of the raw events table; the late-events sensor records one each tick."""
+    last = reading.last_ingested_at
+    return dg.AssetObservation(
+        MARKETING_EVENT_KEY,
+        metadata={
+            "ingested_last_hour": dg.MetadataValue.int(reading.ingested_last_hour),
+            "last_ingested_at": dg.MetadataValue.timestamp(last) if last else dg.MetadataValue.text("no event yet"),
+        },
+    )
+
+
+def _observe_marketing_event(context: dg.AssetExecutionContext) -> Iterator[dg.ObserveResult]:
+    with context.resources.app_db.ready_engine().connect() as conn:
+        observation = marketing_event_observation(ingestion_reading(conn, datetime.now(UTC)))
+    yield dg.ObserveResult(asset_key=observation.asset_key, metadata=observation.metadata)
+
+
+observe_marketing_event = observable_assets(
+    [marketing_event_asset],
+    "observe_marketing_event",
+    "One reading of the raw events table, as measurement_late_events_sensor records it every tick.",
+    _observe_marketing_event,
 )
 
 

@@ -8,9 +8,9 @@ from marketing_pipelines.measurement.assets import (
     ROLLUP_IO_MANAGER,
     build_measurement_daily,
     left_out_importers,
-    marketing_event_asset,
     measurement_daily_job,
     measurement_rollup_job,
+    observe_marketing_event,
 )
 from marketing_pipelines.measurement.freshness import build_freshness_sensor, build_today_is_current
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
@@ -34,7 +34,7 @@ def importer_resources(
 def build_defs(settings: Settings) -> dg.Definitions:
     """The domain's definitions as ``settings`` shape them: partitions, backfill policy, intervals, resources."""
     return dg.Definitions(
-        assets=[marketing_event_asset, build_measurement_daily(settings, left_out=left_out_importers(settings))],
+        assets=[observe_marketing_event, build_measurement_daily(settings, left_out=left_out_importers(settings))],
         jobs=[measurement_daily_job, measurement_rollup_job],
         schedules=[build_measurement_daily_schedule(settings)],
         asset_checks=[build_today_is_current(settings)],

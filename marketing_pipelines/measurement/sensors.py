@@ -20,7 +20,13 @@ import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.measurement.assets import RANGE_END_TAG, RANGE_START_TAG, measurement_rollup_job
+from marketing_pipelines.measurement.assets import (
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    marketing_event_observation,
+    measurement_rollup_job,
+)
+from marketing_pipelines.measurement.events.write import ingestion_reading
 from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.measurement.rollup.daily import rollup_first_party_per_day
 from marketing_pipelines.measurement.rollup.event_days import events_per_day
@@ -153,17 +159,21 @@ def build_late_events_sensor(
             return dg.SkipReason(f"Nothing settled since {since.isoformat()}.")
         with engine.connect() as conn:
             days = changed_days(conn, context.instance, since, until, now.date(), first, settle)
+            observed = [marketing_event_observation(ingestion_reading(conn, now))]
         cursor = until.isoformat()
         if not days:
             window = f"in ({since.isoformat()}, {cursor}]" if since else f"by {cursor} (first tick: today only)"
             return dg.SensorResult(
                 skip_reason=f"No materialized day, nor today, has events ingested {window} after its rollup.",
                 cursor=cursor,
+                asset_events=observed,
             )
         ranges = rollup_ranges(days, days_per_run)
         context.log.info(
             "Re-running rollup for " + ", ".join(f"{r.span} ({r.late_events} late events)" for r in ranges)
         )
-        return dg.SensorResult(run_requests=[rollup_request(r, cursor) for r in ranges], cursor=cursor)
+        return dg.SensorResult(
+            run_requests=[rollup_request(r, cursor) for r in ranges], cursor=cursor, asset_events=observed
+        )
 
     return late_events_sensor

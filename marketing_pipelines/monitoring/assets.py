@@ -1,15 +1,17 @@
-"""The two work queues as external assets, and the observation of each that ``queue_health_sensor`` records.
+"""The two work queues as observable source assets, and the observation of each that ``queue_health_sensor`` records.
 
 Nothing materializes them: the tables belong to the queues. An observation is one reading of a
 queue's health with numeric metadata, which the asset's page plots over time (one point a minute).
+They are observable (``observe_queues``, see ``observable.py``), so the UI shows them as observed.
 """
 
-from __future__ import annotations
+from collections.abc import Iterator
 
 import dagster as dg
 
-from marketing_pipelines.monitoring.health import QueueHealth
+from marketing_pipelines.monitoring.health import QueueHealth, queue_health
 from marketing_pipelines.monitoring.resources import Queue
+from marketing_pipelines.observable import observable_assets
 
 GROUP = "monitoring"
 OWNERS = ["team:marketing-data"]
@@ -80,3 +82,18 @@ def queue_observations(health: QueueHealth) -> list[dg.AssetObservation]:
             },
         ),
     ]
+
+
+def _observe_queues(context: dg.AssetExecutionContext) -> Iterator[dg.ObserveResult]:
+    with context.resources.app_db.ready_engine().connect() as conn:
+        health = queue_health(conn)
+    for observation in queue_observations(health):
+        yield dg.ObserveResult(asset_key=observation.asset_key, metadata=observation.metadata)
+
+
+observe_queues = observable_assets(
+    [EXECUTION_QUEUE_SPEC, AGENT_RUN_QUEUE_SPEC],
+    "observe_queues",
+    "One reading of both queues' health, as queue_health_sensor records it every minute.",
+    _observe_queues,
+)

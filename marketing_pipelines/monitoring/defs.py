@@ -5,7 +5,7 @@ import dagster as dg
 
 from marketing_pipelines.monitoring.alert_sensor import marketing_alerts_sensor
 from marketing_pipelines.monitoring.alerts import AlertWebhook
-from marketing_pipelines.monitoring.assets import AGENT_RUN_QUEUE_SPEC, EXECUTION_QUEUE_SPEC
+from marketing_pipelines.monitoring.assets import observe_queues
 from marketing_pipelines.monitoring.checks import queue_health_checks
 from marketing_pipelines.monitoring.resources import HealthSettings
 from marketing_pipelines.monitoring.sensors import queue_health_sensor
@@ -15,7 +15,7 @@ from marketing_pipelines.settings import Settings, resource_from_settings
 def build_defs(settings: Settings) -> dg.Definitions:
     """The domain's definitions with the resources ``settings`` configure."""
     return dg.Definitions(
-        assets=[EXECUTION_QUEUE_SPEC, AGENT_RUN_QUEUE_SPEC],
+        assets=[observe_queues],
         asset_checks=[queue_health_checks],
         sensors=[queue_health_sensor, marketing_alerts_sensor],
         resources={

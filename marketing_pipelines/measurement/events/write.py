@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -220,11 +220,35 @@ def record_events(conn: sa.Connection, events: Iterable[Mapping[str, Any]], sour
     return counts
 
 
+def _aware(value: datetime | str | None) -> datetime | None:
+    """An aggregate of a UTC column as an aware datetime: SQLite hands one back as text, without the column
+    type's conversion."""
+    if value is None:
+        return None
+    value = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
+
+
 def first_event_day(conn: sa.Connection) -> date | None:
     """The UTC day of the earliest stored event (an index-only MIN on ``occurred_at``), or None when there is none."""
-    first = conn.execute(sa.select(sa.func.min(marketing_event.c.occurred_at))).scalar_one()
-    if first is None:
-        return None
-    # SQLite hands an aggregate back as text, without the column type's conversion to an aware datetime.
-    first = datetime.fromisoformat(first) if isinstance(first, str) else first
-    return (first if first.tzinfo else first.replace(tzinfo=UTC)).astimezone(UTC).date()
+    first = _aware(conn.execute(sa.select(sa.func.min(marketing_event.c.occurred_at))).scalar_one())
+    return first.date() if first is not None else None
+
+
+@dataclass(frozen=True)
+class IngestionReading:
+    """What the raw events table took in lately: the observation of ``marketing_event``."""
+
+    last_ingested_at: datetime | None
+    ingested_last_hour: int
+
+
+def ingestion_reading(conn: sa.Connection, now: datetime) -> IngestionReading:
+    """The last ingestion time and the events ingested in the hour before ``now``; both read from the
+    ``ingested_at`` index, never the whole table."""
+    e = marketing_event
+    last = _aware(conn.execute(sa.select(sa.func.max(e.c.ingested_at))).scalar_one())
+    hour = conn.execute(
+        sa.select(sa.func.count()).select_from(e).where(e.c.ingested_at > now - timedelta(hours=1))
+    ).scalar_one()
+    return IngestionReading(last, hour)
