@@ -8,7 +8,9 @@ a skipped database test would hide exactly what CI is for.
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,3 +134,23 @@ def hook() -> Iterator[Recorder]:
     """A local webhook receiver on 127.0.0.1 that records every POST."""
     with webhook_server() as recorder:
         yield recorder
+
+
+# README.md states how long the two selections take on a 2-core machine; a run of either prints its own time
+# beside that figure, so a README that has drifted shows at the end of every full run (never a failure: the
+# machine's speed is no test result).
+README_TIMES = re.compile(r"takes about (?P<fast>\d+) minutes instead of about (?P<full>\d+)")
+_started = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    whole = not config.args or config.args == config.getini("testpaths")
+    selection = {"": "full", "not slow": "fast"}.get(config.option.markexpr or "")
+    stated = README_TIMES.search((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8"))
+    if not whole or selection is None or stated is None:
+        return
+    minutes = (time.monotonic() - _started) / 60
+    terminalreporter.write_line(
+        f"README.md says the {selection} suite takes about {stated[selection]} minutes on 2 cores; "
+        f"this run took {minutes:.1f} on {os.cpu_count()} ({minutes / int(stated[selection]):.2f} of it)"
+    )
