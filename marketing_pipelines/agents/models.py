@@ -22,9 +22,10 @@ from marketing_pipelines.settings import Settings, resource_from_settings
 def model_resources(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, ProviderResource]:
     """One resource per provider, under its resource key, as ``settings`` configure it.
 
-    Model names and base URLs are plain config (they show in the UI); API keys are ``dg.EnvVar``s
-    bound only when their variable is set in ``environ`` (default: os.environ, where the code
-    location loads), so a deployment without a key still loads.
+    Model names are plain config (they show in the UI); API keys and base URLs (a base URL may carry a
+    credential) are ``dg.EnvVar``s bound only when their variable is set in ``environ`` (default:
+    os.environ, where the code location loads), so a deployment without a key still loads and the
+    public default base URL shows as it is.
     """
     return {
         spec.resource_key: resource_from_settings(spec.resource_class, settings, environ=environ) for spec in PROVIDERS
