@@ -8,6 +8,7 @@ run records its outcome in the application database (PostgreSQL, a throwaway dat
 from __future__ import annotations
 
 import shutil
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,15 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from marketing_pipelines import run_tags
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.schema import agent_run, marketing_execution
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.db.schema import agent_run, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.executions.queue import schedule_execution
+from marketing_pipelines.executions.resources import ExecutionSettings
+from marketing_pipelines_tests.built import due_executions_sensor
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.processes import REPO_ROOT, child_env, dagster_bin, running, start, wait_for
 
@@ -211,3 +216,49 @@ def test_a_failing_domain_sensor_costs_the_other_domain_nothing(
             conn.execute(sa.text(f"DROP TRIGGER refuse ON {broken_table}"))
             conn.execute(sa.text("DROP FUNCTION refuse_update()"))
     assert f"injected failure: {broken_table} refuses updates" in failed[0].error.to_string()
+
+
+# Past the 10 s a claim may wait for its runs and a few 2 s ticks; the old wait alone was 120 s.
+STRANDED_CLAIM_BOUND_SECONDS = 60
+
+
+def test_a_claim_whose_tick_never_returned_is_claimed_again_within_seconds(pg_url: str, tmp_path: Path) -> None:
+    """What a code server killed between committing its tick's claim and returning the run requests leaves:
+    rows owned by a claim no run will ever carry. The real daemon's ticks claim them again within seconds,
+    and no run is ever created for the dead claim."""
+    engine = get_engine(pg_url)
+    execution_ids, _ = _seed(engine)
+    home, env, argv = _daemon(tmp_path, pg_url)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        # The tick, evaluated as a code server evaluates it; its run requests never reach the daemon.
+        resources = {"app_db": AppDatabase(url=pg_url), "execution_settings": ExecutionSettings()}
+        with dg.build_sensor_context(instance=instance, resources=resources) as context:
+            lost = due_executions_sensor(context)
+        assert isinstance(lost, dg.SensorResult) and lost.run_requests
+        [dead_claim] = {request.tags[run_tags.CLAIMED_BY] for request in lost.run_requests}
+        with engine.connect() as conn:
+            owners = set(conn.execute(sa.select(marketing_execution.c.lease_owner)).scalars())
+        assert owners == {dead_claim}
+
+        def executions_succeeded() -> bool:
+            statuses = _statuses(engine)
+            return all(statuses[f"execution {i}"][0] == "SUCCEEDED" for i in execution_ids)
+
+        with running([]) as children:
+            children.append(start("dagster-daemon", argv, env, tmp_path))
+            wait_for(
+                f"the stranded executions to succeed within {STRANDED_CLAIM_BOUND_SECONDS} s",
+                executions_succeeded,
+                STRANDED_CLAIM_BOUND_SECONDS,
+                children,
+                interval=1,
+                detail=lambda: f"app database: {_statuses(engine)}",
+            )
+        assert not instance.get_run_ids(dg.RunsFilter(tags={run_tags.CLAIMED_BY: dead_claim}))
+    with engine.connect() as conn:
+        attempts = conn.execute(
+            sa.select(marketing_execution_attempt.c.execution_id, marketing_execution_attempt.c.outcome)
+        ).all()
+    # Each execution ran once: one attempt performed by a run, after the dead claim's attempt (none or ended).
+    performed = Counter(execution_id for execution_id, outcome in attempts if outcome == "SUCCEEDED")
+    assert performed == Counter(execution_ids)

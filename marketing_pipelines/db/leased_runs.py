@@ -39,15 +39,17 @@ logger = logging.getLogger(__name__)
 # (30 s) would be most of the minute a dead replica may cost; each tick is one event-log query.
 RECONCILE_INTERVAL_SECONDS = 10
 
-# A tick's claim with no Dagster run tagged with it this long after the claim was never launched: the
-# code server evaluating the tick died between committing the claim and returning the run requests
-# (Dagster then evaluates the tick again, which claims anew). Dagster creates a tick's runs within
-# seconds of its evaluation (which times out at 60 s), so 120 s is past any live launch and well short
-# of the 300 s lease the rows would otherwise wait out. A daemon killed after the evaluation resumes
-# the tick when it starts again and creates its runs then (usually within the 120 s); a run created
-# after its claim was recovered finds its rows owned by another claim and does nothing for them, but
-# the claim cost each row an attempt.
-UNLAUNCHED_CLAIM_SECONDS = 120
+# A tick's claim with no Dagster run tagged with it this long after the claim was never launched: the code
+# server evaluating the tick died between committing the claim and returning the run requests (or the
+# daemon gave up on the evaluation, or "Test sensor" in the UI evaluated it). Dagster's sensor daemon
+# evaluates one sensor's ticks one after another, and a tick's runs are created before the next tick is
+# evaluated: a daemon killed after an evaluation resumes that tick's run submissions (stored with the tick)
+# before it evaluates a new one, or never creates them. So a claim that an evaluation of this sensor finds
+# older than the previous tick with no run will never get one; the seconds only cover evaluations that
+# overlap (one the daemon timed out while its code server went on, a test calling the sensor directly).
+# A run created after its claim was ended all the same finds its rows owned by another claim and leaves
+# them, as with any expired lease; the claim cost each row an attempt.
+UNLAUNCHED_CLAIM_SECONDS = 10
 
 
 def run_owner(run_id: str) -> str:
