@@ -71,13 +71,12 @@ def get_engine(url: str) -> sa.Engine:
         engine = sa.create_engine(normalized, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         _configure_sqlite(engine)
         return engine
-    return sa.create_engine(
-        normalized,
-        pool_pre_ping=True,
-        pool_size=5,
-        max_overflow=5,
-        connect_args={"connect_timeout": 10, "application_name": "marketing-pipelines"},
-    )
+    # Sessions are named in pg_stat_activity: "marketing-pipelines" unless the URL names them
+    # (?application_name=replica-a tells an operator, or a test, whose session holds or waits on a lock).
+    connect_args: dict[str, object] = {"connect_timeout": 10}
+    if "application_name" not in normalized.query:
+        connect_args["application_name"] = "marketing-pipelines"
+    return sa.create_engine(normalized, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args=connect_args)
 
 
 def sqlite_path(engine: sa.Engine) -> Path | None:
