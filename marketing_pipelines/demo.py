@@ -1,19 +1,25 @@
-"""``marketing-pipelines demo``: seed the embedded database and drive the real path end to end.
+"""``marketing-pipelines demo``: seed the embedded database and let the real daemon do the work.
 
-Nothing here is a shortcut of production code: the demo calls the same sensor functions and
-jobs that Dagster runs, on a real (local, persistent) Dagster instance under
-``.marketing/dagster_home``, against the application database the settings point at.
+Nothing here is a shortcut of production code. The demo seeds rows, then starts what a deployment
+runs for the local instance under ``.marketing/dagster_home`` (local_dagster.py): a code server of the
+definitions and a dagster-daemon, or it uses the daemon of `marketing-pipelines ui` when that one is
+up. The claiming sensors claim the due executions and queued agent runs and launch their runs; the
+rollup of the demo's days is one run of ``measurement_rollup_job``, launched with ``dagster job launch``
+as an operator would. Each run is a run of its job in the UI, with the sensor that launched it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -21,40 +27,34 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
-from marketing_pipelines import run_tags
 from marketing_pipelines.agents import users
-from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.queue import list_agent_runs, request_agent_run
-from marketing_pipelines.agents.sensors import build_queued_agent_runs_sensor
-from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
+from marketing_pipelines.db.campaigns import upsert_campaign
 from marketing_pipelines.db.engine import get_engine, sqlite_path
 from marketing_pipelines.db.migrate import current_revision, upgrade
 from marketing_pipelines.db.schema import agent_run, marketing_execution
-from marketing_pipelines.definitions import build_defs
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.endpoints import add_endpoint, remove_endpoint
-from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import execution_with_dedupe_key, list_executions, schedule_execution
-from marketing_pipelines.executions.sensors import build_due_executions_sensor, executions_of_run
 from marketing_pipelines.executions.signing import signature
-from marketing_pipelines.executions.webhook import WebhookClient
-from marketing_pipelines.measurement.demo import run_measurement_demo
+from marketing_pipelines.local_dagster import (
+    DEMO_RECEIVER_ADDRESS,
+    code_location,
+    daemon_running,
+    dagster_home,
+    local_environment,
+    measurement_start,
+)
+from marketing_pipelines.measurement.assets import RANGE_END_TAG, RANGE_START_TAG, left_out_importers
+from marketing_pipelines.measurement.demo import DEMO_CAMPAIGNS, demo_days, echo_reports, seed_demo_events
+from marketing_pipelines.measurement.keys import ROLLUP_KEY
+from marketing_pipelines.measurement.sensors import rollup_ranges
 from marketing_pipelines.sealing import SecretBox, new_key
-from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings, load_settings
+from marketing_pipelines.settings import Settings, load_settings
 
 Echo = Callable[[str], None]
 
-DEMO_CAMPAIGNS = (
-    Campaign("spring-launch", "Spring launch", "ana", utm_campaign="spring26", github_repo="acme/widget"),
-    Campaign("dev-tools-beta", "Developer tools beta", "ben", utm_campaign="devbeta", github_repo="acme/devtools"),
-)
-
-
-# The demo's webhook receiver listens on an address of its own (Linux routes all of 127.0.0.0/8 to
-# loopback), so allowing it as a /32 (the demo here, `marketing-pipelines ui` for its daemon) lets
-# webhooks reach this receiver and not the Dagster webserver or another service on 127.0.0.1.
-DEMO_RECEIVER_ADDRESS = "127.0.0.2"
 SIGNATURE_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature")
 
 
@@ -100,8 +100,6 @@ def _demo_receiver() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 # Loopback is reachable only when an operator allows it; the demo allows exactly its receiver's
 # address for its own execution.
 DEMO_EGRESS = EgressPolicy(parse_networks(f"{DEMO_RECEIVER_ADDRESS}/32"))
-# The jobs the claiming sensors request runs of, by name.
-JOBS = {job.name: job for job in (marketing_execution_job, agent_run_job)}
 DEMO_ENDPOINT = "demo-receiver"
 
 
@@ -141,81 +139,17 @@ def _verified(secret: str | None, received: list[dict[str, Any]]) -> int:
     return count
 
 
-# The instance config of the demo's Dagster home, the one `marketing-pipelines ui` opens too: the
-# repository's dagster.yaml settings (telemetry off, run monitoring, pools, the fast run queue).
-DAGSTER_YAML = """\
-# Written by marketing-pipelines for the demo and `marketing-pipelines ui`; the same settings as the
-# repository's dagster.yaml. Storage: SQLite files in this folder.
-run_coordinator:
-  module: dagster.core.run_coordinator
-  class: QueuedRunCoordinator
-  config:
-    dequeue_interval_seconds: 1
-    dequeue_use_threads: true
-    dequeue_num_workers: 4
-sensors:
-  use_threads: true
-  num_workers: 4
-run_monitoring:
-  enabled: true
-  poll_interval_seconds: 5
-  start_timeout_seconds: 180
-  free_slots_after_run_end_seconds: 15
-concurrency:
-  pools:
-    default_limit: 4
-    granularity: run
-  runs:
-    max_concurrent_runs: 10
-telemetry:
-  enabled: false
-"""
-
-
-def dagster_home(cwd: Path | None = None) -> Path:
-    """``.marketing/dagster_home`` beside the embedded database, with its dagster.yaml (written once)."""
-    home = (cwd or Path.cwd()) / DEFAULT_DB_DIR / "dagster_home"
-    home.mkdir(parents=True, exist_ok=True)
-    config = home / "dagster.yaml"
-    if not config.exists():
-        config.write_text(DAGSTER_YAML)
-    return home
-
-
-def demo_instance() -> dg.DagsterInstance:
-    return dg.DagsterInstance.from_config(str(dagster_home()))
-
-
-def daemon_running(instance: dg.DagsterInstance, within_s: float = 60.0) -> bool:
-    """Whether a dagster-daemon (e.g. `marketing-pipelines ui`) is serving this instance right now."""
-    beats = instance.get_daemon_heartbeats()
-    sensor = beats.get("SENSOR")
-    return sensor is not None and time.time() - sensor.timestamp < within_s
-
-
 def _wait_for_daemon(
-    engine: sa.Engine, execution_ids: list[int], agent_run_ids: list[int], echo: Echo, timeout_s: float = 240
+    engine: sa.Engine, execution_ids: list[int], agent_run_ids: list[int], echo: Echo, timeout_s: float = 120
 ) -> None:
-    """Let the running daemon claim and run the demo's work; wait (bounded) until it is done."""
+    """Let the daemon claim and run the demo's work; wait (bounded) until it is done."""
     deadline = time.monotonic() + timeout_s
-    pending: list[str] = []
-    while time.monotonic() < deadline:
-        with engine.connect() as conn:
-            e = marketing_execution
-            waiting = conn.execute(
-                sa.select(e.c.id).where(e.c.id.in_(execution_ids), e.c.status.in_(["SCHEDULED", "RUNNING"]))
-            ).scalars()
-            pending = [f"execution {i}" for i in waiting]
-            runs = conn.execute(
-                sa.select(agent_run.c.id).where(
-                    agent_run.c.id.in_(agent_run_ids), agent_run.c.status.in_(["QUEUED", "RUNNING"])
-                )
-            ).scalars()
-            pending += [f"agent run {i}" for i in runs]
-        if not pending:
-            return
-        time.sleep(1)
-    echo(f"      still waiting after {timeout_s:.0f}s: {', '.join(pending)}; the UI's runs page shows why")
+    pending = _unfinished(engine, execution_ids, agent_run_ids)
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.5)
+        pending = _unfinished(engine, execution_ids, agent_run_ids)
+    if pending:
+        echo(f"      still waiting after {timeout_s:.0f}s: {', '.join(pending)}; the UI's runs page shows why")
 
 
 def run_demo(days: int = 7, echo: Echo = print, settings: Settings | None = None) -> None:
@@ -223,38 +157,138 @@ def run_demo(days: int = 7, echo: Echo = print, settings: Settings | None = None
     settings = settings or load_settings()
     engine = get_engine(settings.resolved_database_url)
     _migrate(engine, echo)
+    day_list = demo_days(days, settings)
     with _demo_receiver() as (hook_url, received):
-        echo("[2/4] Seeding campaigns and due executions (a second demo reuses what the first one seeded)")
+        echo("[2/4] Seeding campaigns, due executions and events (a second demo reuses what the first one seeded)")
         with engine.begin() as conn:
             for campaign in DEMO_CAMPAIGNS:
                 upsert_campaign(conn, campaign)
         secret = _demo_endpoint(engine, settings, hook_url, echo)
         scheduled = _seed_executions(engine, {"endpoint": DEMO_ENDPOINT} if secret else {"url": hook_url}, echo)
-        requested, reused_runs, refused = _seed_agent_runs(engine, settings)
-        echo(
-            f"      queued agent runs {requested}"
-            + (f"; reused {reused_runs}" if reused_runs else "")
-            + " (ana may schedule executions; ben may only read spring-launch)"
-        )
-        requested += reused_runs
-        for reason in refused:
-            echo(f"      refused at request time: {reason}")
-
-        echo("[3/4] Measurement, then the claiming sensors' ticks and the runs they launch (.marketing/dagster_home)")
-        with demo_instance() as instance:
-            # Measurement first, so the agents' read_measurement tool finds the rollup.
-            run_measurement_demo(engine, instance, echo, days, settings)
-            if daemon_running(instance):
-                # `marketing-pipelines ui` is up on this instance: its daemon claims the work (two
-                # claimers are safe, but the demo's receiver must outlive whichever runs the webhook).
-                echo("      the UI's dagster-daemon is running on this instance: it claims and runs the work")
-                _wait_for_daemon(engine, scheduled, requested, echo)
+        if day_list:
+            seed_demo_events(engine, echo, day_list)
+        else:
+            echo("      no complete day since MARKETING_MEASUREMENT_START_DATE; nothing to measure yet")
+        home = dagster_home()
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            runs_before = {r.run_id for r in instance.get_runs()}
+            missing = _missing_days(instance, day_list)
+            if not (missing or _unseen_requests(engine) or _unfinished(engine, scheduled, [])):
+                echo("[3/4] Nothing to run: the executions ran, the days are rolled up, the agent runs were requested")
+                requested = _queue_agent_runs(engine, settings, echo)
             else:
-                launched = _drain(instance, settings, echo)
-                echo(f"      {launched} runs finished")
+                requested = _run_on_the_daemon(instance, engine, settings, home, scheduled, missing, echo)
+            _echo_runs(instance, runs_before, echo)
         signed = f", {_verified(secret, received)} with a valid signature" if secret else ""
         echo(f"      the webhook receiver got {len(received)} request(s){signed}")
     _echo_outcomes(engine, scheduled, requested, echo)
+    if day_list:
+        echo_reports(engine, echo, day_list)
+
+
+def _run_on_the_daemon(
+    instance: dg.DagsterInstance,
+    engine: sa.Engine,
+    settings: Settings,
+    home: Path,
+    scheduled: list[int],
+    missing: list[date],
+    echo: Echo,
+) -> list[int]:
+    """The rollup of the missing days, then the agent runs, all run by a daemon; the agent run ids."""
+    ui_daemon = daemon_running(instance)
+    if ui_daemon:
+        # `marketing-pipelines ui` is up on this instance: its daemon claims and launches (two claimers
+        # are safe, but the demo's receiver must outlive whichever runs the webhook).
+        echo("[3/4] The UI's dagster-daemon is running on this instance: its sensors claim the work")
+    else:
+        echo(f"[3/4] A code server and a dagster-daemon on {home} (logs: {home / 'local-processes.log'})")
+    env = local_environment(settings, home, measurement_start(settings))
+    with code_location(instance, env, start_daemon=not ui_daemon) as workspace:
+        if missing:
+            # The rollup first, so the agents' read_measurement tool finds it: a range of days in one run,
+            # as a backfill runs them (split as the backfill policy splits them).
+            ranges = rollup_ranges(dict.fromkeys(missing, 0), settings.backfill_days_per_run)
+            launched = [_launch_rollup(workspace, env, r.first, r.last) for r in ranges]
+            echo(f"      launched {ROLLUP_JOB} for {', '.join(r.span for r in ranges)} (dagster job launch)")
+            for asset, how in left_out_importers(settings).items():
+                echo(f"      {asset.to_user_string()} is left out of the definitions (not configured: {how})")
+            _wait_for_runs(instance, launched, echo)
+        requested = _queue_agent_runs(engine, settings, echo)
+        _wait_for_daemon(engine, scheduled, requested, echo)
+        # Every run this demo caused ends before the code server that launched its worker stops.
+        _wait_for_runs(instance, [r.run_id for r in instance.get_runs() if not r.is_finished], echo)
+    return requested
+
+
+# The demo launches this job's run itself, as an operator's backfill or `dagster job launch` would; the
+# claiming sensors launch every other run.
+ROLLUP_JOB = "measurement_rollup_job"
+DEMO_LAUNCH_TAG = "marketing/launched_by"
+
+
+def _missing_days(instance: dg.DagsterInstance, day_list: list[date]) -> list[date]:
+    """The demo's days whose rollup partition was never materialized on this instance."""
+    materialized = instance.get_materialized_partitions(ROLLUP_KEY) if day_list else set()
+    return [day for day in day_list if day.isoformat() not in materialized]
+
+
+def _launch_rollup(workspace: Path, env: dict[str, str], first: date, last: date) -> str:
+    """One run of the rollup over first..last through the instance's run queue; its run id."""
+    run_id = str(uuid.uuid4())
+    tags = {DEMO_LAUNCH_TAG: "marketing-pipelines demo"}
+    if first == last:
+        tags["dagster/partition"] = first.isoformat()
+    else:
+        tags.update({RANGE_START_TAG: first.isoformat(), RANGE_END_TAG: last.isoformat()})
+    dagster = str(Path(sys.executable).parent / "dagster")
+    argv = [dagster, "job", "launch", "-w", str(workspace), "-j", ROLLUP_JOB, "--run-id", run_id]
+    done = subprocess.run(
+        [*argv, "--tags", json.dumps(tags)], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    if done.returncode != 0:
+        last_line = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"dagster job launch {ROLLUP_JOB} failed (exit {done.returncode}): {last_line}")
+    return run_id
+
+
+def _wait_for_runs(instance: dg.DagsterInstance, run_ids: list[str], echo: Echo, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs = [instance.get_run_by_id(run_id) for run_id in run_ids]
+        if all(run is not None and run.is_finished for run in runs):
+            return
+        time.sleep(0.5)
+    echo(f"      runs not finished after {timeout_s:.0f}s: {', '.join(r[:8] for r in run_ids)}; the UI shows why")
+
+
+def _echo_runs(instance: dg.DagsterInstance, before: set[str], echo: Echo) -> None:
+    """The runs this demo caused, as the UI's Runs page lists them: job, status, who launched it."""
+    runs = sorted(
+        (r for r in instance.get_runs() if r.run_id not in before),
+        key=lambda r: (instance.get_run_record_by_id(r.run_id).create_timestamp, r.run_id),  # type: ignore[union-attr]
+    )
+    echo(f"      {len(runs)} run(s) on the instance" + (":" if runs else " (nothing was due)"))
+    for run in runs:
+        sensor = run.tags.get("dagster/sensor_name")
+        by = f"sensor {sensor}" if sensor else run.tags.get(DEMO_LAUNCH_TAG, "someone else")
+        echo(f"        run {run.run_id[:8]} {run.job_name:<24} {run.status.value:<8} launched by {by}")
+
+
+def _unfinished(engine: sa.Engine, execution_ids: list[int], agent_run_ids: list[int]) -> list[str]:
+    """The executions and agent runs of ``ids`` still waiting for a run or in one."""
+    with engine.connect() as conn:
+        e = marketing_execution
+        waiting = conn.execute(
+            sa.select(e.c.id).where(e.c.id.in_(execution_ids), e.c.status.in_(["SCHEDULED", "RUNNING"]))
+        ).scalars()
+        pending = [f"execution {i}" for i in waiting]
+        runs = conn.execute(
+            sa.select(agent_run.c.id).where(
+                agent_run.c.id.in_(agent_run_ids), agent_run.c.status.in_(["QUEUED", "RUNNING"])
+            )
+        ).scalars()
+        return pending + [f"agent run {i}" for i in runs]
 
 
 def _migrate(engine: sa.Engine, echo: Echo) -> None:
@@ -309,19 +343,6 @@ def _seed_executions(engine: sa.Engine, target: dict[str, Any], echo: Echo) -> l
     return scheduled + reused
 
 
-def _demo_resources(settings: Settings) -> dict[str, Any]:
-    """The definitions' resources for ``settings``, with webhooks allowed to the demo's receiver only.
-
-    The demo requests offline agent runs only: no model provider is called over the network.
-    """
-    return {
-        **build_defs(settings).resources,
-        "webhook": WebhookClient.from_settings(
-            settings, timeout_s=5, allow_networks=[str(n) for n in DEMO_EGRESS.allow]
-        ),
-    }
-
-
 def _echo_outcomes(engine: sa.Engine, scheduled: list[int], requested: list[int], echo: Echo) -> None:
     echo("[4/4] Outcomes")
     with engine.connect() as conn:
@@ -365,22 +386,45 @@ def _earlier_request(conn: sa.Connection, agent: str, campaign_id: str, user_id:
     return min(earlier) if earlier else None
 
 
-def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], list[int], list[str]]:
-    """Two users with different permissions, and agent runs that exercise both."""
+def _agent_requests() -> list[tuple[str, str, str, dict[str, Any]]]:
+    """(agent, campaign, requested by, input) of the demo's agent runs: two users, different permissions."""
     tomorrow = (datetime.now(UTC) + timedelta(days=1)).replace(hour=9, minute=0, second=0, microsecond=0)
     proposal = {"stage": "follow-up", "action": "log", "due": tomorrow.isoformat(), "payload": {"message": "recap"}}
+    return [
+        ("measurement_analyst", "spring-launch", "ana", {"propose": proposal}),
+        ("campaign_brief", "spring-launch", "ben", {"stage": "launch", "tone": "playful"}),
+        # ben may not write: the run's proposal shows up as a refusal in its transcript.
+        ("measurement_analyst", "spring-launch", "ben", {"propose": proposal}),
+        # ben holds nothing on dev-tools-beta: refused when requested, nothing queued.
+        ("campaign_brief", "dev-tools-beta", "ben", {"stage": "awareness"}),
+    ]
+
+
+def _unseen_requests(engine: sa.Engine) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """The demo's agent-run requests no earlier demo made."""
+    with engine.connect() as conn:
+        return [r for r in _agent_requests() if _earlier_request(conn, *r) is None]
+
+
+def _queue_agent_runs(engine: sa.Engine, settings: Settings, echo: Echo) -> list[int]:
+    """Requests the demo's agent runs (reusing an earlier demo's); the ids of the runs, new and reused."""
+    requested, reused_runs, refused = _seed_agent_runs(engine, settings)
+    echo(
+        f"      queued agent runs {requested}"
+        + (f"; reused {reused_runs}" if reused_runs else "")
+        + " (ana may schedule executions; ben may only read spring-launch)"
+    )
+    for reason in refused:
+        echo(f"      refused at request time: {reason}")
+    return requested + reused_runs
+
+
+def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], list[int], list[str]]:
+    """Two users with different permissions, and agent runs that exercise both."""
     with engine.begin() as conn:
         _add_demo_users(conn)
-        requests = [
-            ("measurement_analyst", "spring-launch", "ana", {"propose": proposal}),
-            ("campaign_brief", "spring-launch", "ben", {"stage": "launch", "tone": "playful"}),
-            # ben may not write: the run's proposal shows up as a refusal in its transcript.
-            ("measurement_analyst", "spring-launch", "ben", {"propose": proposal}),
-            # ben holds nothing on dev-tools-beta: refused when requested, nothing queued.
-            ("campaign_brief", "dev-tools-beta", "ben", {"stage": "awareness"}),
-        ]
         ids, reused, refused = [], [], []
-        for agent, campaign_id, user_id, given in requests:
+        for agent, campaign_id, user_id, given in _agent_requests():
             # The same request from an earlier demo: reuse it (its follow-up execution, if any, was
             # scheduled with the agent run's own dedupe key, so nothing is added twice).
             earlier = _earlier_request(conn, agent, campaign_id, user_id, given)
@@ -404,42 +448,3 @@ def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], 
             except InvalidInput as exc:
                 refused.append(str(exc))
         return ids, reused, refused
-
-
-def _drain(instance: dg.DagsterInstance, settings: Settings, echo: Echo, max_ticks: int = 20) -> int:
-    """Tick the two claiming sensors until neither finds anything, running each requested run on the instance."""
-    interval = settings.sensor_interval_seconds  # the daemon's business; the demo ticks them itself
-    sensors = [build_due_executions_sensor(interval), build_queued_agent_runs_sensor(interval)]
-    resources = _demo_resources(settings)
-    # A context manager: the model providers hold an HTTP client they close at teardown.
-    with dg.build_sensor_context(instance=instance, resources=resources) as context:
-        launched = 0
-        for tick in range(1, max_ticks + 1):
-            requests: list[dg.RunRequest] = []
-            for sensor in sensors:
-                result = sensor(context)
-                if isinstance(result, dg.SensorResult) and result.run_requests:
-                    requests += result.run_requests
-                elif isinstance(result, dg.SkipReason):
-                    echo(f"      tick {tick}, {sensor.name}: {result.skip_message}")
-            if not requests:
-                return launched
-            echo(f"      tick {tick}: {len(requests)} run request(s)")
-            for request in requests:
-                job = JOBS[request.job_name or ""]
-                result_run = job.execute_in_process(
-                    # Dagster's step-by-step console log would bury the demo's own lines; the full
-                    # event log is still stored on the instance.
-                    run_config={**request.run_config, "loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-                    tags={**request.tags, "dagster/run_key": request.run_key or ""},
-                    instance=instance,
-                    resources=resources,
-                    raise_on_error=False,
-                )
-                executions = sorted(executions_of_run(request.run_config))
-                what = (
-                    f"executions {executions}" if executions else f"agent run {request.tags.get(run_tags.AGENT_RUN_ID)}"
-                )
-                echo(f"        run {result_run.run_id[:8]} {'SUCCESS' if result_run.success else 'FAILURE'} ({what})")
-                launched += 1
-        return launched

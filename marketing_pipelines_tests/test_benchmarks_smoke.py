@@ -21,6 +21,7 @@ TINY = {
     "events_load.py": ["--events", "2000", "--rounds", "1"],
     "status_latency.py": ["--rows", "2000", "--agent-runs", "100", "--repeat", "3", "--command-repeat", "1"],
     "cli_latency.py": ["--runs", "1"],
+    "demo.py": ["--rounds", "1", "--days", "1"],
     "signed_webhooks.py": ["--executions", "5", "--rounds", "1", "--database", "sqlite"],
     # A daemon, a webserver and the backfill daemon's 30 s iterations: about two minutes even this small.
     "backfill.py": ["--events", "2000", "--days", "3", "--per-day-sample", "0", "--timeout", "240"],

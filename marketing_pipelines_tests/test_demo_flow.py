@@ -1,15 +1,19 @@
-"""The whole demo, twice in one folder: the second run adds no work and says what it reused."""
+"""The whole demo, twice in one folder: its runs are its jobs' runs, launched by their sensors on a real
+daemon; the second demo adds no work and no run, and says what it reused."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import dagster as dg
 import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.demo import run_demo
+from marketing_pipelines.local_dagster import DEMO_RECEIVER_ADDRESS, LOCATION_NAME, daemon_running, dagster_home
+from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.settings import Settings, load_settings
 
 
@@ -27,32 +31,57 @@ def _embedded_default(folder: Path) -> Settings:
     return load_settings(database_url=f"sqlite:///{folder / '.marketing' / 'marketing.db'}")
 
 
-def test_a_second_demo_adds_no_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _runs(folder: Path) -> list[dg.DagsterRun]:
+    with dg.DagsterInstance.from_config(str(dagster_home(folder))) as instance:
+        return list(instance.get_runs())
+
+
+def test_the_demo_runs_through_the_daemon_and_a_second_demo_adds_no_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     first_lines: list[str] = []
-    run_demo(days=1, echo=first_lines.append, settings=_embedded_default(tmp_path))
+    run_demo(days=2, echo=first_lines.append, settings=_embedded_default(tmp_path))
     engine = get_engine(f"sqlite:///{tmp_path / '.marketing' / 'marketing.db'}")
     first = _rows(engine)
     # 5 scheduled executions, 3 agent runs, and the one follow-up an agent proposed (due tomorrow).
-    assert len(first[0]) == 6 and first[1] == 3
+    assert [s for _, s in first[0]] == ["SUCCEEDED"] * 5 + ["SCHEDULED"] and first[1] == 3
     # The webhook went to a registered endpoint, signed under a key the demo made, readable by its owner only.
     assert any("the webhook receiver got 1 request(s), 1 with a valid signature" in line for line in first_lines)
     assert (tmp_path / ".marketing" / "secrets.key").stat().st_mode & 0o777 == 0o600
+    # Every run is a run of the code location's job (what the UI's job pages and sensor histories list),
+    # launched by its claiming sensor; the rollup's by `dagster job launch`, as an operator's would be.
+    runs = _runs(tmp_path)
+    assert {r.status for r in runs} == {dg.DagsterRunStatus.SUCCESS}
+    assert all(r.remote_job_origin is not None for r in runs)
+    assert {r.remote_job_origin.location_name for r in runs} == {LOCATION_NAME}  # type: ignore[union-attr]
+    launched_by = sorted((r.job_name, r.tags.get("dagster/sensor_name", "")) for r in runs)
+    assert launched_by == [
+        ("agent_run_job", "queued_agent_runs_sensor"),
+        ("agent_run_job", "queued_agent_runs_sensor"),
+        ("agent_run_job", "queued_agent_runs_sensor"),
+        ("marketing_execution_job", "due_executions_sensor"),
+        ("measurement_rollup_job", ""),
+    ]
+    with dg.DagsterInstance.from_config(str(dagster_home(tmp_path))) as instance:
+        assert len(instance.get_materialized_partitions(ROLLUP_KEY)) == 2
+        # The demo's daemon is gone and says so: a next command does not wait for it.
+        assert not daemon_running(instance)
+
     second_lines: list[str] = []
-    run_demo(days=1, echo=second_lines.append, settings=_embedded_default(tmp_path))
+    run_demo(days=2, echo=second_lines.append, settings=_embedded_default(tmp_path))
     assert _rows(engine) == first
+    assert [r.run_id for r in _runs(tmp_path)] == [r.run_id for r in runs]
     assert any("schema current" in line for line in second_lines)
     assert any("scheduled executions []; reused [1, 2, 3, 4, 5]" in line for line in second_lines)
-    assert any("queued agent runs []; reused [1, 2, 3]" in line for line in second_lines)
+    assert any(line.startswith("[3/4] Nothing to run") for line in second_lines)
+    assert any("0 run(s) on the instance" in line for line in second_lines)
 
 
 @pytest.mark.slow
 def test_the_demo_while_the_ui_daemon_runs_lets_it_do_the_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # What `marketing-pipelines ui` starts, less the webserver: a daemon on the demo's own Dagster
     # home and database, allowed to reach the demo's receiver on its own address (127.0.0.2).
-    import dagster as dg
-
-    from marketing_pipelines.demo import DEMO_RECEIVER_ADDRESS, dagster_home
     from marketing_pipelines_tests.processes import child_env, dagster_bin, running, start, wait_for
 
     monkeypatch.chdir(tmp_path)
@@ -77,14 +106,16 @@ def test_the_demo_while_the_ui_daemon_runs_lets_it_do_the_work(tmp_path: Path, m
             60,
             children,
         )
-        statuses = {r.status for r in instance.get_runs() if r.job_name in ("marketing_execution_job", "agent_run_job")}
-    assert any("the UI's dagster-daemon is running on this instance" in line for line in lines)
+        statuses = {(r.job_name, r.status) for r in instance.get_runs()}
+    assert any("The UI's dagster-daemon is running on this instance" in line for line in lines)
     # The key file the demo made after the daemon loaded is found when its run sends.
     assert any("the webhook receiver got 1 request(s), 1 with a valid signature" in line for line in lines)
     # All the demo's work done by the daemon, nothing failed or left pending (the agent's follow-up
     # is due tomorrow).
     assert [s for _, s in executions] == ["SUCCEEDED"] * 5 + ["SCHEDULED"] and runs == 3
-    assert statuses == {dg.DagsterRunStatus.SUCCESS}
+    # The rollup too: the demo queued its run, the UI's daemon launched it.
+    assert {status for _, status in statuses} == {dg.DagsterRunStatus.SUCCESS}
+    assert {job for job, _ in statuses} == {"marketing_execution_job", "agent_run_job", "measurement_rollup_job"}
 
 
 def test_the_demo_home_has_the_repositorys_instance_settings() -> None:
@@ -92,7 +123,7 @@ def test_the_demo_home_has_the_repositorys_instance_settings() -> None:
     # this keeps the two from drifting apart.
     import yaml
 
-    from marketing_pipelines.demo import DAGSTER_YAML
+    from marketing_pipelines.local_dagster import DAGSTER_YAML
     from marketing_pipelines_tests.processes import REPO_ROOT
 
     assert yaml.safe_load(DAGSTER_YAML) == yaml.safe_load((REPO_ROOT / "dagster.yaml").read_text())

@@ -28,9 +28,9 @@ import marketing_pipelines
 from marketing_pipelines.agents.providers.anthropic import AnthropicModel
 from marketing_pipelines.agents.providers.openai import OpenAIModel
 from marketing_pipelines.cli import main
-from marketing_pipelines.demo import DEMO_RECEIVER_ADDRESS
 from marketing_pipelines.egress import ALLOW_SETTING, EgressPolicy, EgressRefused, parse_networks
 from marketing_pipelines.executions.webhook import WebhookClient
+from marketing_pipelines.local_dagster import DEMO_RECEIVER_ADDRESS
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.monitoring.alerts import AlertWebhook

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import date
 from pathlib import Path
 
 import click
 
 from marketing_pipelines.cli.common import settings
-from marketing_pipelines.settings import Settings
 
 
 @click.command("ui")
@@ -28,22 +26,11 @@ def ui_command(port: int) -> None:
     Example:
       marketing-pipelines ui            # then open http://127.0.0.1:3000
     """
-    from marketing_pipelines.demo import DEMO_RECEIVER_ADDRESS, dagster_home
+    from marketing_pipelines.local_dagster import dagster_home, local_environment, measurement_start
 
     home, current = dagster_home(), settings()
     ui_url = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(home),
-        "MARKETING_DATABASE_URL": current.resolved_database_url,
-        # A local UI's webhooks (and an agent proposing one) may reach the demo's receiver alone unless
-        # networks were chosen: not this UI's GraphQL on 127.0.0.1, nor another service there.
-        "MARKETING_WEBHOOK_ALLOW_NETWORKS": ",".join(current.webhook_allow_networks) or f"{DEMO_RECEIVER_ADDRESS}/32",
-        # Links to runs (alerts sent from this instance) point at this UI.
-        "MARKETING_DAGSTER_UI_URL": ui_url,
-        # Partitions from the first day with events, unless chosen: the demo's week, not eleven months missing.
-        **({"MARKETING_MEASUREMENT_START_DATE": start.isoformat()} if (start := _measurement_start(current)) else {}),
-    }
+    env = local_environment(current, home, measurement_start(current), ui_url=ui_url)
     dagster = Path(sys.executable).parent / "dagster"
     # `dagster dev` warns on every start that it is superseded by `dg dev`, which serves only from inside a
     # dg project's folder, not from the installed package in any folder as this command does: nothing for
@@ -59,25 +46,6 @@ def ui_command(port: int) -> None:
     # Every path it needs is absolute (DAGSTER_HOME, the database URL); the code loads as a module.
     os.chdir(home)
     os.execve(sys.executable, argv, env)  # dagster dev owns the terminal and its signals from here
-
-
-def _measurement_start(current: Settings) -> date | None:
-    """The first day with events when MARKETING_MEASUREMENT_START_DATE is not set (and the schema is there)."""
-    import sqlalchemy as sa
-
-    from marketing_pipelines.db.engine import get_engine
-    from marketing_pipelines.measurement.events.write import first_event_day
-
-    if "measurement_start_date" in current.model_fields_set:
-        return None
-    engine = get_engine(current.resolved_database_url)
-    try:
-        with engine.connect() as conn:
-            return first_event_day(conn)
-    except sa.exc.SQLAlchemyError:  # no database or no schema yet: the setting's default stands
-        return None
-    finally:
-        engine.dispose()
 
 
 @click.command("demo")

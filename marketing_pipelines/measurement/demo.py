@@ -1,7 +1,8 @@
-"""The measurement part of ``marketing-pipelines demo``: seed events, materialize the daily partitions, print reports.
+"""The measurement part of ``marketing-pipelines demo``: seed events, print the reports the rollup gives.
 
-Event ids are derived from campaign, day and sequence, so a second run inserts nothing new and
-re-materializing the partitions rewrites the same rollup rows.
+Event ids are derived from campaign, day and sequence, so a second run inserts nothing new. The
+rollup itself is built by a run of ``measurement_rollup_job`` that the demo launches on its local
+instance (demo.py), as an operator's backfill would.
 """
 
 import random
@@ -9,23 +10,11 @@ from collections.abc import Callable
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines.db.campaigns import Campaign, add_campaign, get_campaign
-from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.measurement.assets import (
-    RANGE_END_TAG,
-    RANGE_START_TAG,
-    ROLLUP_IO_MANAGER,
-    build_measurement_daily,
-)
 from marketing_pipelines.measurement.events.write import record_events
-from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
-from marketing_pipelines.measurement.importers.plausible import PlausibleClient
-from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.measurement.report.build import measurement_report
-from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.report.rendering import render
 from marketing_pipelines.settings import Settings
 
@@ -70,17 +59,15 @@ def demo_events(campaign_id: str, day: date) -> list[dict[str, Any]]:
     return events
 
 
-def run_measurement_demo(
-    engine: sa.Engine, instance: dg.DagsterInstance, echo: Callable[[str], None], days: int, settings: Settings
-) -> None:
-    """Seed ``days`` complete UTC days of events, materialize those partitions on ``instance``, print each report."""
+def demo_days(days: int, settings: Settings) -> list[date]:
+    """The ``days`` complete UTC days before today, none before the first partition."""
     today = datetime.now(UTC).date()
     first = max(today - timedelta(days=days), settings.measurement_start_date)
-    day_list = [first + timedelta(days=i) for i in range((today - first).days)]
-    if not day_list:
-        echo("      no complete day since MARKETING_MEASUREMENT_START_DATE; nothing to measure yet")
-        return
+    return [first + timedelta(days=i) for i in range((today - first).days)]
 
+
+def seed_demo_events(engine: sa.Engine, echo: Callable[[str], None], day_list: list[date]) -> None:
+    """Each demo campaign's events of each day (derived ids: a second demo records none again)."""
     with engine.begin() as conn:
         for campaign in DEMO_CAMPAIGNS:
             if get_campaign(conn, campaign.id) is None:
@@ -92,33 +79,9 @@ def run_measurement_demo(
                 loaded, duplicate = loaded + counts.loaded, duplicate + counts.duplicate
     echo(f"      events for {day_list[0]} .. {day_list[-1]}: {loaded} recorded, {duplicate} already there")
 
-    url = engine.url.render_as_string(hide_password=False)
-    resources = {
-        "app_db": AppDatabase(url=url),
-        # Unconfigured on purpose: the demo needs no network. An unconfigured importer materializes
-        # nothing, so the demo selects only the rollup and says why the importers are left out.
-        "plausible": PlausibleClient(),
-        "github": GitHubReleasesClient(),
-        ROLLUP_IO_MANAGER: RollupFrameIOManager(url=url),
-    }
-    for importer in (resources["plausible"], resources["github"]):
-        if not importer.is_configured():
-            echo(f"      {importer.name} is not configured, its asset is left out: {importer.not_configured_reason()}")
-    # The week in one run, as a backfill runs a range of days: one materialization per day all the same.
-    result = dg.materialize(
-        [build_measurement_daily(settings)],
-        selection=[ROLLUP_KEY],
-        instance=instance,
-        resources=resources,
-        tags={RANGE_START_TAG: day_list[0].isoformat(), RANGE_END_TAG: day_list[-1].isoformat()},
-        run_config={"loggers": {"console": {"config": {"log_level": "WARNING"}}}},
-        raise_on_error=False,
-    )
-    status = "SUCCESS" if result.success else "FAILURE"
-    echo(f"      measurement_daily_rollup, {day_list[0]} .. {day_list[-1]} in one run: {status}")
-    for day, rollup in _rollup_days(result):
-        echo(f"        {day}: rollup rows {rollup.get('rows')}, events {rollup.get('first_party_events')}")
 
+def echo_reports(engine: sa.Engine, echo: Callable[[str], None], day_list: list[date]) -> None:
+    """Each demo campaign's report over the days, read from the rollup, up to its daily table."""
     with engine.connect() as conn:
         for campaign in DEMO_CAMPAIGNS:
             report = measurement_report(conn, campaign.id, day_list[0], day_list[-1])
@@ -127,13 +90,3 @@ def run_measurement_demo(
                 if line.startswith("Daily"):
                     break
                 echo(f"      {line}" if line else "")
-
-
-def _rollup_days(result: dg.ExecuteInProcessResult) -> list[tuple[str, dict[str, Any]]]:
-    """Each day's rollup materialization metadata, in day order."""
-    days = [
-        (event.partition or "", {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()})
-        for event in result.get_asset_materialization_events()
-        if event.asset_key == ROLLUP_KEY
-    ]
-    return sorted(days, key=lambda item: item[0])

@@ -1,35 +1,34 @@
-"""The measurement demo runs on a fresh database, and a second run adds nothing."""
+"""The demo's events: realistic, and a second seeding records none again."""
 
 from __future__ import annotations
 
-import dagster as dg
+from datetime import date
+
 import sqlalchemy as sa
 
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.schema import marketing_event, measurement_daily_rollup
-from marketing_pipelines.measurement.demo import run_measurement_demo
-from marketing_pipelines_tests.built import DEFAULTS
+from marketing_pipelines.db.schema import marketing_event
+from marketing_pipelines.measurement.demo import DEMO_CAMPAIGNS, demo_events, seed_demo_events
 
 
-def counts(engine: sa.Engine) -> tuple[int, int, int]:
-    with engine.connect() as conn:
-        events = conn.execute(sa.select(sa.func.count()).select_from(marketing_event)).scalar_one()
-        rows, total = conn.execute(sa.select(sa.func.count(), sa.func.sum(measurement_daily_rollup.c.raw_count))).one()
-    return events, rows, total
-
-
-def test_demo_is_safe_to_run_twice(sqlite_url: str) -> None:
+def test_seeding_twice_records_the_events_once(sqlite_url: str) -> None:
     engine = get_engine(sqlite_url)
+    days = [date(2026, 3, 1), date(2026, 3, 2)]
     lines: list[str] = []
-    with dg.DagsterInstance.ephemeral() as instance:
-        run_measurement_demo(engine, instance, lines.append, days=2, settings=DEFAULTS)
-        first = counts(engine)
-        run_measurement_demo(engine, instance, lines.append, days=2, settings=DEFAULTS)
-    assert first[0] > 0 and first[0] == first[2]
-    assert counts(engine) == first
-    assert any("0 recorded" in line for line in lines)
-    assert sum("Funnel" in line for line in lines) == 4
-    # The two days in one range run, each day materialized; the unconfigured importers said so and were left out.
-    assert sum("in one run: SUCCESS" in line for line in lines) == 2
-    assert sum("is not configured, its asset is left out" in line for line in lines) == 4
-    assert sum(line.strip().startswith(("20", "19")) and "rollup rows" in line for line in lines) == 4
+    seed_demo_events(engine, lines.append, days)
+    seed_demo_events(engine, lines.append, days)
+    expected = sum(len(demo_events(c.id, day)) for c in DEMO_CAMPAIGNS for day in days)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(marketing_event)).scalar_one() == expected
+    assert lines == [
+        f"      events for 2026-03-01 .. 2026-03-02: {expected} recorded, 0 already there",
+        f"      events for 2026-03-01 .. 2026-03-02: 0 recorded, {expected} already there",
+    ]
+
+
+def test_a_day_of_events_narrows_down_the_funnel() -> None:
+    events = demo_events("spring-launch", date(2026, 3, 1))
+    types = {e["event_type"] for e in events}
+    per_type = {t: len({e["actor_id"] for e in events if e["event_type"] == t and e["actor_id"]}) for t in types}
+    assert per_type["page_view"] > per_type["signup_started"] > per_type["purchase"] > 0
+    assert demo_events("spring-launch", date(2026, 3, 1)) == events

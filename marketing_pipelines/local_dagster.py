@@ -1,0 +1,214 @@
+"""The local Dagster instance that ``marketing-pipelines ui`` and ``demo`` share: its home, its environment, its daemon.
+
+Both work on ``.marketing/dagster_home`` and the settings' database, and both load the code location
+by module (``marketing_pipelines.definitions``, the name ``dagster dev -m`` gives it), so a run the demo's
+daemon launched is a run of the UI's jobs, and a sensor tick it made is in that sensor's history.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from datetime import date
+from pathlib import Path
+
+import dagster as dg
+
+from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings
+
+# `dagster dev -m MODULE` and a workspace's python_module entry without a location_name both name the
+# location after its module: the demo's code server takes the same name, so its runs and ticks are the
+# UI's jobs' and sensors'.
+LOCATION_NAME = "marketing_pipelines.definitions"
+# The demo's webhook receiver listens on an address of its own (Linux routes all of 127.0.0.0/8 to
+# loopback), so allowing it as a /32 (the demo, `marketing-pipelines ui` for its daemon) lets webhooks
+# reach this receiver and not the Dagster webserver or another service on 127.0.0.1.
+DEMO_RECEIVER_ADDRESS = "127.0.0.2"
+
+# The instance config of the demo's Dagster home, the one `marketing-pipelines ui` opens too: the
+# repository's dagster.yaml settings (telemetry off, run monitoring, pools, the fast run queue).
+DAGSTER_YAML = """\
+# Written by marketing-pipelines for the demo and `marketing-pipelines ui`; the same settings as the
+# repository's dagster.yaml. Storage: SQLite files in this folder.
+run_coordinator:
+  module: dagster.core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
+    dequeue_interval_seconds: 1
+    dequeue_use_threads: true
+    dequeue_num_workers: 4
+sensors:
+  use_threads: true
+  num_workers: 4
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 5
+  start_timeout_seconds: 180
+  free_slots_after_run_end_seconds: 15
+concurrency:
+  pools:
+    default_limit: 4
+    granularity: run
+  runs:
+    max_concurrent_runs: 10
+telemetry:
+  enabled: false
+"""
+
+
+def dagster_home(cwd: Path | None = None) -> Path:
+    """``.marketing/dagster_home`` beside the embedded database, with its dagster.yaml (written once)."""
+    home = (cwd or Path.cwd()) / DEFAULT_DB_DIR / "dagster_home"
+    home.mkdir(parents=True, exist_ok=True)
+    config = home / "dagster.yaml"
+    if not config.exists():
+        config.write_text(DAGSTER_YAML)
+    return home
+
+
+def local_instance() -> dg.DagsterInstance:
+    return dg.DagsterInstance.from_config(str(dagster_home()))
+
+
+def daemon_running(instance: dg.DagsterInstance, within_s: float = 60.0) -> bool:
+    """Whether a dagster-daemon (e.g. `marketing-pipelines ui`'s) is serving this instance right now."""
+    beats = instance.get_daemon_heartbeats()
+    sensor = beats.get("SENSOR")
+    return sensor is not None and time.time() - sensor.timestamp < within_s
+
+
+def local_environment(
+    current: Settings, home: Path, measurement_start: date | None, ui_url: str | None = None
+) -> dict[str, str]:
+    """The environment of the local instance's processes: its home, the settings' database, the receiver's network."""
+    return {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "MARKETING_DATABASE_URL": current.resolved_database_url,
+        # A local instance's webhooks (and an agent proposing one) may reach the demo's receiver alone unless
+        # networks were chosen: not the UI's GraphQL on 127.0.0.1, nor another service there.
+        "MARKETING_WEBHOOK_ALLOW_NETWORKS": ",".join(current.webhook_allow_networks) or f"{DEMO_RECEIVER_ADDRESS}/32",
+        # Links to runs (alerts sent from this instance) point at the UI.
+        **({"MARKETING_DAGSTER_UI_URL": ui_url} if ui_url else {}),
+        # Partitions from the first day with events, unless chosen: the demo's week, not eleven months missing.
+        **({"MARKETING_MEASUREMENT_START_DATE": measurement_start.isoformat()} if measurement_start else {}),
+    }
+
+
+def measurement_start(current: Settings) -> date | None:
+    """The first day with events when MARKETING_MEASUREMENT_START_DATE is not set (and the schema is there)."""
+    import sqlalchemy as sa
+
+    from marketing_pipelines.db.engine import get_engine
+    from marketing_pipelines.measurement.events.write import first_event_day
+
+    if "measurement_start_date" in current.model_fields_set:
+        return None
+    engine = get_engine(current.resolved_database_url)
+    try:
+        with engine.connect() as conn:
+            return first_event_day(conn)
+    except sa.exc.SQLAlchemyError:  # no database or no schema yet: the setting's default stands
+        return None
+    finally:
+        engine.dispose()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _default_sigint() -> None:
+    # A child of a non-interactive shell inherits an ignored SIGINT, and Dagster copies that handler
+    # onto SIGTERM: with the default handler back, SIGINT stops the child and its group.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _start(argv: list[str], env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        # Its own process group: the run workers a code server starts are stopped with it.
+        return subprocess.Popen(
+            argv,
+            env=dict(env),
+            cwd=log.parent,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_default_sigint,
+        )
+
+
+def _stop(process: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
+    """SIGINT to the process group, SIGKILL to what is left after ``timeout_s``."""
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGINT)
+    with suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=timeout_s)
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def _wait_until(
+    what: str, ready: Callable[[], bool], processes: list[subprocess.Popen[bytes]], log: Path, timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        for process in processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"{what}: a process exited with code {process.returncode}; see {log}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not ready after {timeout_s:.0f} s; see {log}")
+        time.sleep(0.2)
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _bin(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+@contextmanager
+def code_location(
+    instance: dg.DagsterInstance, env: Mapping[str, str], start_daemon: bool, timeout_s: float = 120
+) -> Iterator[Path]:
+    """A code server of the definitions for the instance's home, and a dagster-daemon on it when ``start_daemon``.
+
+    Yields the workspace file that points at the server (``dagster job launch -w`` takes it). The
+    daemon's run launcher starts each run's worker from this server, as a deployment's would; on the
+    way out both stop (SIGINT, then SIGKILL) with the run workers in their process groups, and the
+    daemon's heartbeats are wiped so the next command does not wait for a daemon that is gone.
+    """
+    home = Path(env["DAGSTER_HOME"])
+    log = home / "local-processes.log"
+    port = _free_port()
+    workspace = home / "workspace.yaml"
+    workspace.write_text(
+        "load_from:\n"
+        f"  - grpc_server:\n      host: 127.0.0.1\n      port: {port}\n      location_name: {LOCATION_NAME}\n"
+    )
+    argv = [_bin("dagster"), "api", "grpc", "-m", LOCATION_NAME, "--host", "127.0.0.1", "--port", str(port)]
+    started = [_start([*argv, "--location-name", LOCATION_NAME], env, log)]
+    try:
+        _wait_until("the code server", lambda: _accepts(port), started, log, timeout_s)
+        if start_daemon:
+            started.append(_start([_bin("dagster-daemon"), "run", "-w", str(workspace)], env, log))
+            _wait_until("the dagster-daemon", lambda: daemon_running(instance, 10), started, log, timeout_s)
+        yield workspace
+    finally:
+        for process in reversed(started):
+            _stop(process)
+        if start_daemon:
+            instance.wipe_daemon_heartbeats()
