@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.demo import run_demo
 from marketing_pipelines.settings import Settings, load_settings
+from marketing_pipelines_tests.cli_runner import cli_for
 
 
 def _rows(engine: sa.Engine) -> tuple[list[tuple[int, str]], int]:
@@ -28,22 +30,37 @@ def _embedded_default(folder: Path) -> Settings:
 
 
 def test_a_second_demo_adds_no_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Through the command line, as a user runs it, on the embedded default's file in this folder.
     monkeypatch.chdir(tmp_path)
-    first_lines: list[str] = []
-    run_demo(days=1, echo=first_lines.append, settings=_embedded_default(tmp_path))
+    cli = cli_for(f"sqlite:///{tmp_path / '.marketing' / 'marketing.db'}")
+    first_run = cli("demo", "--days", "1")
+    assert first_run.exit_code == 0, first_run.output
+    first_lines = first_run.output.splitlines()
     engine = get_engine(f"sqlite:///{tmp_path / '.marketing' / 'marketing.db'}")
     first = _rows(engine)
-    # 5 scheduled executions, 3 agent runs, and the one follow-up an agent proposed (due tomorrow).
-    assert len(first[0]) == 6 and first[1] == 3
+    # 5 scheduled executions, 3 agent runs and ben's refused request (kept as agent run 4), and the
+    # one follow-up an agent proposed (due tomorrow).
+    assert len(first[0]) == 6 and first[1] == 4
+    assert any("(recorded as agent run 4, REFUSED)" in line for line in first_lines)
+    shown = cli("agents", "show", "4")
+    assert shown.exit_code == 0, shown.output
+    assert "status: REFUSED" in shown.output and "dev-tools-beta" in shown.output
     # The webhook went to a registered endpoint, signed under a key the demo made, readable by its owner only.
     assert any("the webhook receiver got 1 request(s), 1 with a valid signature" in line for line in first_lines)
     assert (tmp_path / ".marketing" / "secrets.key").stat().st_mode & 0o777 == 0o600
-    second_lines: list[str] = []
-    run_demo(days=1, echo=second_lines.append, settings=_embedded_default(tmp_path))
+    second_run = cli("demo", "--days", "1")
+    assert second_run.exit_code == 0, second_run.output
+    second_lines = second_run.output.splitlines()
     assert _rows(engine) == first
     assert any("schema current" in line for line in second_lines)
     assert any("scheduled executions []; reused [1, 2, 3, 4, 5]" in line for line in second_lines)
     assert any("queued agent runs []; reused [1, 2, 3]" in line for line in second_lines)
+    assert any("(recorded as agent run 4, REFUSED, by an earlier demo)" in line for line in second_lines)
+    refused = cli("agents", "list", "--status", "REFUSED", "--json")
+    assert refused.exit_code == 0, refused.output
+    assert [(r["id"], r["requested_by"], r["campaign_id"]) for r in json.loads(refused.output)] == [
+        (4, "ben", "dev-tools-beta")
+    ]
 
 
 @pytest.mark.slow
@@ -82,8 +99,8 @@ def test_the_demo_while_the_ui_daemon_runs_lets_it_do_the_work(tmp_path: Path, m
     # The key file the demo made after the daemon loaded is found when its run sends.
     assert any("the webhook receiver got 1 request(s), 1 with a valid signature" in line for line in lines)
     # All the demo's work done by the daemon, nothing failed or left pending (the agent's follow-up
-    # is due tomorrow).
-    assert [s for _, s in executions] == ["SUCCEEDED"] * 5 + ["SCHEDULED"] and runs == 3
+    # is due tomorrow; ben's refused request is kept as a REFUSED agent run).
+    assert [s for _, s in executions] == ["SUCCEEDED"] * 5 + ["SCHEDULED"] and runs == 4
     assert statuses == {dg.DagsterRunStatus.SUCCESS}
 
 
