@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_event, measurement_daily_rollup
 from marketing_pipelines.measurement.demo import run_measurement_demo
+from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines_tests.built import DEFAULTS
 
 
@@ -25,6 +26,13 @@ def test_demo_is_safe_to_run_twice(sqlite_url: str) -> None:
         run_measurement_demo(engine, instance, lines.append, days=2, settings=DEFAULTS)
         first = counts(engine)
         run_measurement_demo(engine, instance, lines.append, days=2, settings=DEFAULTS)
+        records = instance.fetch_materializations(ROLLUP_KEY, limit=100).records
+    # Each day's materialization names the importers the demo runs without (it said "none" before).
+    shown = {r.asset_materialization.metadata["sources_not_configured"].value for r in records}
+    assert len(records) == 4 and shown == {
+        "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; github_release_downloads_daily: "
+        "set GITHUB_TOKEN (unauthenticated GitHub allows 60 requests an hour)"
+    }
     assert first[0] > 0 and first[0] == first[2]
     assert counts(engine) == first
     assert any("0 recorded" in line for line in lines)
