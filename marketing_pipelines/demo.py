@@ -28,7 +28,7 @@ import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
-from marketing_pipelines.agents.queue import list_agent_runs, request_agent_run
+from marketing_pipelines.agents.queue import AgentRunRefused, list_agent_runs, request_agent_run
 from marketing_pipelines.db.campaigns import upsert_campaign
 from marketing_pipelines.db.engine import get_engine, sqlite_path
 from marketing_pipelines.db.migrate import current_revision, upgrade
@@ -376,14 +376,16 @@ def _add_demo_users(conn: sa.Connection) -> None:
             users.grant(conn, user_id, permission, campaign_id)
 
 
-def _earlier_request(conn: sa.Connection, agent: str, campaign_id: str, user_id: str, given: Any) -> int | None:
-    """The first agent run of an earlier demo with the same request, if any."""
+def _earlier_request(
+    conn: sa.Connection, agent: str, campaign_id: str, user_id: str, given: Any
+) -> sa.RowMapping | None:
+    """The first agent run of an earlier demo with the same request (a REFUSED one too), if any."""
     earlier = [
-        r["id"]
+        r
         for r in list_agent_runs(conn, requested_by=user_id, limit=10_000)
         if (r["agent"], r["campaign_id"], r["input"]) == (agent, campaign_id, given)
     ]
-    return min(earlier) if earlier else None
+    return min(earlier, key=lambda r: r["id"]) if earlier else None
 
 
 def _agent_requests() -> list[tuple[str, str, str, dict[str, Any]]]:
@@ -428,23 +430,33 @@ def _seed_agent_runs(engine: sa.Engine, settings: Settings) -> tuple[list[int], 
             # The same request from an earlier demo: reuse it (its follow-up execution, if any, was
             # scheduled with the agent run's own dedupe key, so nothing is added twice).
             earlier = _earlier_request(conn, agent, campaign_id, user_id, given)
+            if earlier is not None and earlier["status"] == "REFUSED":
+                refused.append(
+                    f"{earlier['error']} (recorded as agent run {earlier['id']}, REFUSED, by an earlier demo)"
+                )
+                continue
             if earlier is not None:
-                reused.append(earlier)
+                reused.append(earlier["id"])
                 continue
             try:
                 with conn.begin_nested():
-                    ids.append(
-                        request_agent_run(
-                            conn,
-                            agent=agent,
-                            campaign_id=campaign_id,
-                            requested_by=user_id,
-                            input=given,
-                            provider="offline",
-                            max_run_seconds=settings.agent_max_run_seconds,
-                            settings=settings,
+                    try:
+                        ids.append(
+                            request_agent_run(
+                                conn,
+                                agent=agent,
+                                campaign_id=campaign_id,
+                                requested_by=user_id,
+                                input=given,
+                                provider="offline",
+                                max_run_seconds=settings.agent_max_run_seconds,
+                                settings=settings,
+                            )
                         )
-                    )
-            except InvalidInput as exc:
+                    except AgentRunRefused as exc:
+                        # Caught inside the savepoint, which is then released with the REFUSED row the
+                        # request wrote; raised through it, the savepoint would roll the row back.
+                        refused.append(str(exc))
+            except InvalidInput as exc:  # invalid input: nothing was written
                 refused.append(str(exc))
         return ids, reused, refused

@@ -3,6 +3,7 @@ daemon; the second demo adds no work and no run, and says what it reused."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import dagster as dg
@@ -15,6 +16,7 @@ from marketing_pipelines.demo import run_demo
 from marketing_pipelines.local_dagster import DEMO_RECEIVER_ADDRESS, LOCATION_NAME, daemon_running, dagster_home
 from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.settings import Settings, load_settings
+from marketing_pipelines_tests.cli_runner import cli_for
 
 
 def _rows(engine: sa.Engine) -> tuple[list[tuple[int, str]], int]:
@@ -39,13 +41,21 @@ def _runs(folder: Path) -> list[dg.DagsterRun]:
 def test_the_demo_runs_through_the_daemon_and_a_second_demo_adds_no_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Through the command line, as a user runs it, on the embedded default's file in this folder.
     monkeypatch.chdir(tmp_path)
-    first_lines: list[str] = []
-    run_demo(days=2, echo=first_lines.append, settings=_embedded_default(tmp_path))
+    cli = cli_for(f"sqlite:///{tmp_path / '.marketing' / 'marketing.db'}")
+    first_run = cli("demo", "--days", "2")
+    assert first_run.exit_code == 0, first_run.output
+    first_lines = first_run.output.splitlines()
     engine = get_engine(f"sqlite:///{tmp_path / '.marketing' / 'marketing.db'}")
     first = _rows(engine)
-    # 5 scheduled executions, 3 agent runs, and the one follow-up an agent proposed (due tomorrow).
-    assert [s for _, s in first[0]] == ["SUCCEEDED"] * 5 + ["SCHEDULED"] and first[1] == 3
+    # 5 scheduled executions, 3 agent runs and ben's refused request (kept as agent run 4), and the
+    # one follow-up an agent proposed (due tomorrow).
+    assert [s for _, s in first[0]] == ["SUCCEEDED"] * 5 + ["SCHEDULED"] and first[1] == 4
+    assert any("(recorded as agent run 4, REFUSED)" in line for line in first_lines)
+    shown = cli("agents", "show", "4")
+    assert shown.exit_code == 0, shown.output
+    assert "status: REFUSED" in shown.output and "dev-tools-beta" in shown.output
     # The webhook went to a registered endpoint, signed under a key the demo made, readable by its owner only.
     assert any("the webhook receiver got 1 request(s), 1 with a valid signature" in line for line in first_lines)
     assert (tmp_path / ".marketing" / "secrets.key").stat().st_mode & 0o777 == 0o600
@@ -64,18 +74,32 @@ def test_the_demo_runs_through_the_daemon_and_a_second_demo_adds_no_run(
         ("measurement_rollup_job", ""),
     ]
     with dg.DagsterInstance.from_config(str(dagster_home(tmp_path))) as instance:
-        assert len(instance.get_materialized_partitions(ROLLUP_KEY)) == 2
+        records = instance.fetch_materializations(ROLLUP_KEY, limit=100).records
         # The demo's daemon is gone and says so: a next command does not wait for it.
         assert not daemon_running(instance)
+    # Each day rolled up once, and its metadata names the importers the demo runs without.
+    assert len(records) == 2
+    assert {r.asset_materialization.metadata["sources_not_configured"].value for r in records} == {  # type: ignore[union-attr]
+        "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; github_release_downloads_daily: "
+        "set GITHUB_TOKEN"
+    }
 
-    second_lines: list[str] = []
-    run_demo(days=2, echo=second_lines.append, settings=_embedded_default(tmp_path))
+    second_run = cli("demo", "--days", "2")
+    assert second_run.exit_code == 0, second_run.output
+    second_lines = second_run.output.splitlines()
     assert _rows(engine) == first
     assert [r.run_id for r in _runs(tmp_path)] == [r.run_id for r in runs]
     assert any("schema current" in line for line in second_lines)
     assert any("scheduled executions []; reused [1, 2, 3, 4, 5]" in line for line in second_lines)
     assert any(line.startswith("[3/4] Nothing to run") for line in second_lines)
     assert any("0 run(s) on the instance" in line for line in second_lines)
+    assert any("queued agent runs []; reused [1, 2, 3]" in line for line in second_lines)
+    assert any("(recorded as agent run 4, REFUSED, by an earlier demo)" in line for line in second_lines)
+    refused = cli("agents", "list", "--status", "REFUSED", "--json")
+    assert refused.exit_code == 0, refused.output
+    assert [(r["id"], r["requested_by"], r["campaign_id"]) for r in json.loads(refused.output)] == [
+        (4, "ben", "dev-tools-beta")
+    ]
 
 
 @pytest.mark.slow
@@ -111,8 +135,8 @@ def test_the_demo_while_the_ui_daemon_runs_lets_it_do_the_work(tmp_path: Path, m
     # The key file the demo made after the daemon loaded is found when its run sends.
     assert any("the webhook receiver got 1 request(s), 1 with a valid signature" in line for line in lines)
     # All the demo's work done by the daemon, nothing failed or left pending (the agent's follow-up
-    # is due tomorrow).
-    assert [s for _, s in executions] == ["SUCCEEDED"] * 5 + ["SCHEDULED"] and runs == 3
+    # is due tomorrow; ben's refused request is kept as a REFUSED agent run).
+    assert [s for _, s in executions] == ["SUCCEEDED"] * 5 + ["SCHEDULED"] and runs == 4
     # The rollup too: the demo queued its run, the UI's daemon launched it.
     assert {status for _, status in statuses} == {dg.DagsterRunStatus.SUCCESS}
     assert {job for job, _ in statuses} == {"marketing_execution_job", "agent_run_job", "measurement_rollup_job"}

@@ -16,6 +16,7 @@ from marketing_pipelines.agents.queue import AGENT_RUNS, running_count
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.lease import CANCELLED, new_claim_owner, renew_many
 from marketing_pipelines.db.leased_runs import (
+    Room,
     claim_requests,
     claiming_sensor,
     reconcile_run,
@@ -61,6 +62,16 @@ def agent_run_request(row: sa.RowMapping, claimed_by: str, grace_seconds: int) -
     )
 
 
+def agent_run_room(pool_limit: int, running: int, batch_size: int) -> Room:
+    """The agent runs a tick may claim: BACKLOG_FACTOR x the pool limit, less those RUNNING, at most a batch."""
+    backlog = BACKLOG_FACTOR * pool_limit - running
+    return Room(
+        max(0, min(batch_size, backlog)),
+        f"pool limit {pool_limit} x backlog factor {BACKLOG_FACTOR} minus {running} running, "
+        f"at most {batch_size} a tick" + (", not below 0" if backlog < 0 else ""),
+    )
+
+
 def claim_agent_run_requests(
     engine: sa.Engine,
     claimed_by: str,
@@ -90,7 +101,7 @@ def claim_agent_run_requests(
         engine,
         AGENT_RUNS,
         claimed_by,
-        room=lambda conn: min(batch_size, BACKLOG_FACTOR * pool_limit - running_count(conn)),
+        room=lambda conn: agent_run_room(pool_limit, running_count(conn), batch_size),
         lease_seconds=grace_seconds,
         after_claim=lease_for_queue_wait,
         to_requests=lambda rows: [agent_run_request(row, claimed_by, grace_seconds) for row in rows],
@@ -98,7 +109,7 @@ def claim_agent_run_requests(
         rows_of_run=agent_run_of,
         pool=POOL,
     )
-    return claim.requests, claim.summary("agent runs", "pool free")
+    return claim.requests, claim.summary("agent runs")
 
 
 def agent_run_of(run: dg.DagsterRun) -> list[int]:

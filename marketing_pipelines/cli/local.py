@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -45,6 +46,14 @@ def ui_command(port: int) -> None:
     # root) dagster dev warns that the file there is ignored, which says nothing to this command's user.
     # Every path it needs is absolute (DAGSTER_HOME, the database URL); the code loads as a module.
     os.chdir(home)
+    # Started from a script as a background job (`marketing-pipelines ui &`), this process ignores
+    # SIGINT, an ignored signal stays ignored across exec, and dagster dev copies SIGINT's disposition
+    # onto SIGTERM (dagster._utils.interrupts.setup_interrupt_handlers) for itself and every child: an
+    # operator's kill, systemd's stop or docker stop would never stop it. A Python handler, unlike
+    # SIG_IGN, is reset to the default by exec, so dagster dev starts with both signals at the default
+    # (SIGINT a KeyboardInterrupt, which ends its services); in-process tests keep their own handlers.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.execve(sys.executable, argv, env)  # dagster dev owns the terminal and its signals from here
 
 

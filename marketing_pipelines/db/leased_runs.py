@@ -58,18 +58,34 @@ def run_owner(run_id: str) -> str:
 
 
 @dataclass(frozen=True)
+class Room:
+    """How many rows a tick may claim, and the rule that gave the number, in the rule's own terms.
+
+    ``rule`` is shown after ``room N =`` in the tick's summary, so it must compute ``rows`` as written
+    (e.g. ``pool limit 2 x backlog factor 2 minus 1 running, at most 5000 a tick``): a bare number
+    named after one of its terms ("pool free 4" beside a pool limit of 2) reads as a contradiction.
+    """
+
+    rows: int
+    rule: str
+
+
+@dataclass(frozen=True)
 class Claim:
     """What one claiming tick did: the run requests it built, from how many rows, with what room."""
 
     requests: list[dg.RunRequest]
     claimed: int
-    room: int
+    room: Room
     recovery: Recovery
     abandoned_runs: tuple[str, ...] = ()
     unlaunched_claims: tuple[str, ...] = ()
 
-    def summary(self, queue_name: str, room_name: str = "batch") -> str:
-        text = f"{queue_name}: claimed {self.claimed} into {len(self.requests)} run(s) ({room_name} {self.room})"
+    def summary(self, queue_name: str) -> str:
+        text = (
+            f"{queue_name}: claimed {self.claimed} into {len(self.requests)} run(s) "
+            f"(room {self.room.rows} = {self.room.rule})"
+        )
         if self.recovery.requeued or self.recovery.failed:
             text += f", expired leases requeued {list(self.recovery.requeued)} failed {list(self.recovery.failed)}"
         if self.unlaunched_claims:
@@ -84,7 +100,7 @@ def claim_requests(
     queue: LeaseQueue,
     claimed_by: str,
     *,
-    room: int | Callable[[sa.Connection], int],
+    room: Callable[[sa.Connection], Room],
     lease_seconds: float,
     to_requests: Callable[[Sequence[sa.RowMapping]], list[dg.RunRequest]],
     after_recovery: Callable[[sa.Connection, Recovery], None] | None = None,
@@ -95,8 +111,8 @@ def claim_requests(
 ) -> Claim:
     """Recover expired leases, then claim up to ``room`` ready rows and turn them into run requests.
 
-    Recovery commits first in its own transaction: a claim that fails must not undo it. ``room``
-    may be computed inside the claim's transaction (the agent pool's free slots). With ``instance``
+    Recovery commits first in its own transaction: a claim that fails must not undo it. ``room`` is
+    computed inside the claim's transaction (from the rows running or waiting then). With ``instance``
     (called only when some lease expired under a run, or some tick's claim is older than
     ``UNLAUNCHED_CLAIM_SECONDS``), claims no run was created for are recovered now instead of a lease
     later (``end_unlaunched_claims``), and the runs whose leases expired are marked failed
@@ -117,11 +133,11 @@ def claim_requests(
             run_ids += started_runs_of_claims(dagster, recovery.claims, rows_of_run, pool)
         abandoned = fail_abandoned_runs(dagster, run_ids, queue)
     with engine.begin() as conn:
-        limit = room(conn) if callable(room) else room
-        rows = claim_batch(conn, queue, claimed_by, limit, lease_seconds) if limit > 0 else []
+        limit = room(conn)
+        rows = claim_batch(conn, queue, claimed_by, limit.rows, lease_seconds) if limit.rows > 0 else []
         if rows and after_claim is not None:
             after_claim(conn, rows)
-    return Claim(to_requests(rows), len(rows), max(limit, 0), recovery, abandoned, unlaunched)
+    return Claim(to_requests(rows), len(rows), limit, recovery, abandoned, unlaunched)
 
 
 class _LaunchedClaims:

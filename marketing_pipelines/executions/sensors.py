@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from marketing_pipelines import run_tags
 from marketing_pipelines.db.lease import CANCELLED, LEASE_EXPIRED_ERROR, Recovery, claimed_waiting, new_claim_owner
 from marketing_pipelines.db.leased_runs import (
+    Room,
     claim_requests,
     claiming_sensor,
     reconcile_run,
@@ -70,6 +71,16 @@ def _end_expired_attempts(conn: sa.Connection, recovery: Recovery) -> None:
     end_open_attempts(conn, [*recovery.requeued, *recovery.failed], "LEASE_EXPIRED", LEASE_EXPIRED_ERROR)
 
 
+def execution_room(batch_size: int, waiting: int) -> Room:
+    """The executions a tick may claim: the batch less those claimed earlier and still waiting for their runs."""
+    room = batch_size - waiting
+    return Room(
+        max(0, room),
+        f"batch size {batch_size} minus {waiting} claimed and waiting for their runs"
+        + (", not below 0" if room < 0 else ""),
+    )
+
+
 def claim_execution_requests(
     engine: sa.Engine,
     claimed_by: str,
@@ -88,7 +99,7 @@ def claim_execution_requests(
         engine,
         EXECUTIONS,
         claimed_by,
-        room=lambda conn: settings.batch_size - claimed_waiting(conn, EXECUTIONS),
+        room=lambda conn: execution_room(settings.batch_size, claimed_waiting(conn, EXECUTIONS)),
         lease_seconds=settings.lease_seconds,
         to_requests=lambda rows: [
             batch_run_request(rows[start : start + per_run], claimed_by) for start in range(0, len(rows), per_run)
@@ -97,7 +108,7 @@ def claim_execution_requests(
         instance=instance,
         rows_of_run=lambda run: executions_of_run(run.run_config),
     )
-    return claim.requests, claim.summary("executions", room_name="room"), claim.room
+    return claim.requests, claim.summary("executions"), claim.room.rows
 
 
 def claim_due_executions(

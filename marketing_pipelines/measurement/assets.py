@@ -425,6 +425,24 @@ def left_out_importers(settings: Settings) -> dict[dg.AssetKey, str]:
     }
 
 
+def _not_configured_sources(
+    left_out: Mapping[dg.AssetKey, str], importers: Sequence[dg.AssetKey], clients: Mapping[str, Importer]
+) -> dict[dg.AssetKey, str]:
+    """What the run's rollup could not include: the importers left out of the definitions, and those in
+    them whose client this run was given is not configured (they materialize nothing: ``_not_configured``).
+
+    The definitions' ``left_out`` alone is not the truth of a run: ``materialize`` with definitions built
+    without it (the demo's) and unconfigured clients imported nothing, yet the metadata said "none".
+    """
+    unconfigured = {
+        key: clients[IMPORTERS[key].resource_key].not_configured_reason()
+        for key in importers
+        if not clients[IMPORTERS[key].resource_key].is_configured()
+    }
+    reasons = {**left_out, **unconfigured}
+    return {key: reasons[key] for key in IMPORTERS if key in reasons}
+
+
 def build_measurement_daily(
     settings: Settings,
     *,
@@ -493,7 +511,7 @@ def build_measurement_daily(
         if failures:
             raise _one_failure(failures)
         if ROLLUP_KEY in selected:
-            yield from rollup(context, engine, days, left_out)
+            yield from rollup(context, engine, days, _not_configured_sources(left_out, importers, clients))
 
     return measurement_daily
 

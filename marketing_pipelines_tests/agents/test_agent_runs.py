@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,6 +16,7 @@ from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.providers.registry import ProviderResource
 from marketing_pipelines.agents.queue import get_agent_run, request_agent_run, transcript
 from marketing_pipelines.agents.resources import AgentSettings
+from marketing_pipelines.agents.sensors import BACKLOG_FACTOR, claim_agent_run_requests
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.errors import InvalidInput
@@ -111,6 +113,38 @@ def test_sensor_claims_with_tags_and_runtime_limit(people: sa.Engine, db_url: st
     assert int(request.tags["dagster/max_runtime"]) >= 42
     # The pool limit was applied to the instance without any manual step.
     assert instance.event_log_storage.get_concurrency_info("agent_runs").slot_count == 2
+
+
+SUMMARY = re.compile(
+    r"agent runs: claimed (?P<claimed>\d+) into (?P<runs>\d+) run\(s\) \(room (?P<room>\d+) = "
+    r"pool limit (?P<limit>\d+) x backlog factor (?P<factor>\d+) minus (?P<running>\d+) running, "
+    r"at most (?P<batch>\d+) a tick(?P<floor>, not below 0)?\)"
+)
+
+
+@pytest.mark.parametrize(
+    ("pool_limit", "running", "batch_size"),
+    [
+        (2, 0, 100),  # the pool's 2 and as many again
+        (2, 1, 100),  # one running takes one off
+        (3, 0, 4),  # the batch bounds it first
+        (1, 3, 100),  # the limit was lowered below what runs: no room, not a negative one
+    ],
+)
+def test_the_claim_summary_states_its_room_as_the_sum_that_gives_it(
+    people: sa.Engine, pool_limit: int, running: int, batch_size: int
+) -> None:
+    ids = [_request(people) for _ in range(running + 8)]
+    with people.begin() as conn:
+        conn.execute(sa.update(agent_run).where(agent_run.c.id.in_(ids[:running])).values(status="RUNNING"))
+    requests, summary = claim_agent_run_requests(people, "claimer", batch_size, pool_limit, grace_seconds=60)
+    found = SUMMARY.fullmatch(summary)
+    assert found, summary
+    n = {k: int(v) for k, v in found.groupdict().items() if k != "floor"}
+    assert (n["limit"], n["factor"], n["running"], n["batch"]) == (pool_limit, BACKLOG_FACTOR, running, batch_size)
+    backlog = n["limit"] * n["factor"] - n["running"]
+    assert n["room"] == max(0, min(n["batch"], backlog)) and (found["floor"] is not None) == (backlog < 0)
+    assert n["claimed"] == n["runs"] == len(requests) == n["room"]  # 8 queued: more than any room here
 
 
 def test_sensor_claims_what_the_pool_can_start_and_as_many_again(

@@ -138,6 +138,10 @@ def test_a_tick_claims_only_what_tops_up_the_claims_still_waiting_for_runs(
     skipped = due_executions_sensor(context)
     assert isinstance(skipped, dg.SkipReason)
     assert (skipped.skip_message or "").startswith("Nothing claimed: executions claimed earlier fill the batch (3,")
+    # The room is stated as the sum that gives it.
+    assert "claimed 0 into 0 run(s) (room 0 = batch size 3 minus 3 claimed and waiting for their runs)" in (
+        skipped.skip_message or ""
+    )
     assert perform(first[0], db_url, instance, settings=settings).success  # one run took its two over
     [second] = _tick(db_url, instance, settings)
     assert executions_of_run(second.run_config) == ids[3:5]

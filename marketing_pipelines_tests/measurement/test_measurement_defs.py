@@ -129,3 +129,49 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
         resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
         assert resolver.get_stale_causes(ROLLUP, day) == []
         assert resolver.get_status(ROLLUP, day) == StaleStatus.FRESH
+
+
+NAMED = {
+    SITE: "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID",
+    DOWNLOADS: "github_release_downloads_daily: set GITHUB_TOKEN (unauthenticated GitHub allows 60 requests an hour)",
+}
+
+
+@pytest.mark.parametrize(
+    ("left_out_of_definitions", "github_token", "shown"),
+    [
+        # The demo's run: definitions built without left_out, both clients unconfigured.
+        (False, None, f"{NAMED[SITE]}; {NAMED[DOWNLOADS]}"),
+        # Only GitHub's client configured: Plausible alone is named.
+        (False, "t", NAMED[SITE]),
+        # The deployment's definitions on the defaults: both left out, named by what turns each on.
+        (True, None, "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; "
+         "github_release_downloads_daily: set GITHUB_TOKEN"),
+    ],
+)  # fmt: skip
+def test_the_rollups_metadata_names_every_source_the_run_could_not_import(
+    sqlite_url: str, left_out_of_definitions: bool, github_token: str | None, shown: str
+) -> None:
+    from marketing_pipelines.db.resources import AppDatabase
+    from marketing_pipelines.measurement.assets import ROLLUP_IO_MANAGER
+    from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
+    from marketing_pipelines.measurement.importers.plausible import PlausibleClient
+    from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
+
+    resources = {
+        "app_db": AppDatabase(url=sqlite_url),
+        "plausible": PlausibleClient(),
+        "github": GitHubReleasesClient(token=github_token),
+        ROLLUP_IO_MANAGER: RollupFrameIOManager(url=sqlite_url),
+    }
+    left_out = left_out_importers(DEFAULTS) if left_out_of_definitions else None
+    assets = build_measurement_daily(DEFAULTS, left_out=left_out)
+    with dg.instance_for_test() as instance:
+        # Only the rollup is selected, so a configured client is never called.
+        result = dg.materialize(
+            [marketing_event_asset, assets], selection=[ROLLUP], instance=instance, resources=resources,
+            partition_key="2026-11-20",
+        )  # fmt: skip
+        assert result.success
+        [materialization] = result.asset_materializations_for_node("measurement_daily")
+    assert materialization.metadata["sources_not_configured"].value == shown
