@@ -1,12 +1,12 @@
 """The container image and the Helm values agree with the project they deploy.
 
-deploy/container/Dockerfile and deploy/helm/values.yaml cannot be built or installed where these
-tests run (there is no Docker engine and no Kubernetes), so nothing else would notice them going
-stale. The tests check five things. Every variable the files set is one the code reads. The image
-installs pyproject's Dagster set. The instance numbers equal deploy/dagster.yaml's. The module is
-pyproject's. The base image's Python is one that pyproject admits. Each check is a function that
-returns its problems. The tests run it on the real files, and also on an edited copy, to show
-that the check can fail.
+deploy/helm/values.yaml cannot be installed where these tests run (there is no Kubernetes), and the
+image is built only where a Docker engine answers (test_container_image.py), so these checks, which
+need neither, keep both files from going stale everywhere. The tests check five things. Every
+variable the files set is one the code reads. The image installs pyproject's Dagster set. The
+instance numbers equal deploy/dagster.yaml's. The module is pyproject's. The base image's Python is
+one that pyproject admits. Each check is a function that returns its problems. The tests run it on
+the real files, and also on an edited copy, to show that the check can fail.
 """
 
 from __future__ import annotations
