@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import datasketches
 import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
@@ -14,6 +15,7 @@ from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.executions.queue import EXECUTIONS
 from marketing_pipelines.executions.sensors import executions_of_run
+from marketing_pipelines.measurement import sketches
 from marketing_pipelines.settings import Settings, env_name, load_settings
 
 
@@ -75,3 +77,11 @@ def settings_from(environ: Mapping[str, str]) -> Settings:
     unset = {field: Settings.model_fields[field].default for field in SERVICE_SETTINGS}
     given = {by_variable[name]: value for name, value in environ.items() if value != ""}
     return load_settings(**(unset | given))
+
+
+def sketch_of(actor_ids: Iterable[str]) -> datasketches.hll_sketch:
+    """An HLL sketch of ``actor_ids``, as the rollup builds one per day (tests only: the rollup feeds its own)."""
+    sketch = sketches.new_sketch()
+    for actor_id in actor_ids:
+        sketch.update(actor_id)
+    return sketch

@@ -111,7 +111,7 @@ def _anthropic(base: str) -> object:
 
 def _plausible(base: str) -> object:
     client = PlausibleClient(api_key="key", site_id="example.com", base_url=base)
-    return client.daily_campaign_stats(dt.date(2026, 3, 1))
+    return client.campaign_stats(dt.date(2026, 3, 1), dt.date(2026, 3, 1))[dt.date(2026, 3, 1)]
 
 
 def _github(base: str) -> object:

@@ -173,27 +173,6 @@ def claim_batch(
     return [row._mapping for row in rows]
 
 
-def take_over(
-    conn: sa.Connection,
-    queue: LeaseQueue,
-    row_id: int,
-    *,
-    claimed_by: str,
-    new_owner: str,
-    lease_seconds: float,
-    run_id: str | None,
-) -> sa.RowMapping | None:
-    """Move a claimed row's lease from the sensor's claim to the run that works it.
-
-    Accepts ``new_owner`` too, so a retried step of the same run takes its own row back.
-    Returns the row, or None when the row is not RUNNING under either owner any more.
-    """
-    rows = take_over_many(
-        conn, queue, [row_id], claimed_by=claimed_by, new_owner=new_owner, lease_seconds=lease_seconds, run_id=run_id
-    )
-    return rows[0] if rows else None
-
-
 def take_over_many(
     conn: sa.Connection,
     queue: LeaseQueue,
@@ -204,9 +183,11 @@ def take_over_many(
     lease_seconds: float,
     run_id: str | None,
 ) -> list[sa.RowMapping]:
-    """``take_over`` for a batch in one statement; returns the rows taken, in ``row_ids`` order.
+    """Move claimed rows' leases from the sensor's claim to the run that works them, in one statement;
+    returns the rows taken, in ``row_ids`` order.
 
-    Each row is still fenced on its own: its ``WHERE`` names its status and owner, so a row that
+    Accepts ``new_owner`` too, so a retried step of the same run takes its own rows back. Each row is
+    still fenced on its own: its ``WHERE`` names its status and owner, so a row that
     another claim took since (its lease expired) is simply not among the returned rows.
     """
     if not row_ids:
@@ -234,11 +215,6 @@ def describe(conn: sa.Connection, queue: LeaseQueue, row_id: int) -> str:
     if row is None:
         return "does not exist"
     return f"is {row.status} (attempt {row.attempts}, owner {row.lease_owner or 'none'})"
-
-
-def renew(conn: sa.Connection, queue: LeaseQueue, row_id: int, owner: str, lease_seconds: float) -> bool:
-    """Extend the lease; False means the lease was lost and the caller must stop writing."""
-    return row_id in renew_many(conn, queue, [row_id], owner, lease_seconds)
 
 
 def renew_many(

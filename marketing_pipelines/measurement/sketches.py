@@ -23,13 +23,6 @@ def new_sketch() -> datasketches.hll_sketch:
     return datasketches.hll_sketch(LG_K, TGT_TYPE)
 
 
-def sketch_of(actor_ids: Iterable[str]) -> datasketches.hll_sketch:
-    sketch = new_sketch()
-    for actor_id in actor_ids:
-        sketch.update(actor_id)
-    return sketch
-
-
 def serialize(sketch: datasketches.hll_sketch) -> bytes:
     return bytes(sketch.serialize_compact())
 

@@ -58,13 +58,13 @@ def test_stale_owner_cannot_renew_finish_or_fail(engine: sa.Engine) -> None:
         assert lease.recover_expired(conn, EXECUTIONS, at=_after(61)).requeued == (row_id,)
     assert _claim(engine, "new", 1) == [row_id]
     with engine.begin() as conn:
-        assert lease.renew(conn, EXECUTIONS, row_id, "old", 60) is False
+        assert lease.renew_many(conn, EXECUTIONS, [row_id], "old", 60) == set()
         assert lease.finish(conn, EXECUTIONS, row_id, "old", "SUCCEEDED") is False
         assert lease.retry_or_fail(conn, EXECUTIONS, row_id, "old", "boom", 0) is None
     row = _row(engine, row_id)
     assert (row["status"], row["lease_owner"], row["attempts"]) == ("RUNNING", "new", 2)
     with engine.begin() as conn:
-        assert lease.renew(conn, EXECUTIONS, row_id, "new", 60) is True
+        assert lease.renew_many(conn, EXECUTIONS, [row_id], "new", 60) == {row_id}
         assert lease.finish(conn, EXECUTIONS, row_id, "new", "SUCCEEDED") is True
     assert _row(engine, row_id)["status"] == "SUCCEEDED"
 

@@ -128,7 +128,7 @@ def test_plausible_paginates_until_a_short_page_and_sends_the_documented_query()
         return httpx.Response(200, json=plausible_page(pages[offset], offset, 2))
 
     recorder = Recorder(handler)
-    rows = plausible(recorder, page_size=2).daily_campaign_stats(DAY)
+    rows = plausible(recorder, page_size=2).campaign_stats(DAY, DAY)[DAY]
 
     assert rows == [
         SiteAnalyticsRow(day=DAY, utm_campaign="black-friday", page="/", visitors=40, pageviews=55),
@@ -152,7 +152,7 @@ def test_plausible_stops_after_an_empty_page_when_the_last_full_page_ended_exact
         return httpx.Response(200, json=plausible_page(rows, offset, 1))
 
     recorder = Recorder(handler)
-    assert len(plausible(recorder, page_size=1).daily_campaign_stats(DAY)) == 1
+    assert len(plausible(recorder, page_size=1).campaign_stats(DAY, DAY)[DAY]) == 1
     assert len(recorder.requests) == 2
 
 
@@ -163,7 +163,7 @@ def test_plausible_429_fails_after_one_request_without_retrying() -> None:
     recorder = Recorder(lambda request: httpx.Response(429, json=body))
 
     with pytest.raises(ServiceError) as raised:
-        plausible(recorder).daily_campaign_stats(DAY)
+        plausible(recorder).campaign_stats(DAY, DAY)[DAY]
 
     assert not isinstance(raised.value, RateLimited)  # the asset would turn that into an hour-long Dagster retry
     assert raised.value.status == 429
@@ -184,7 +184,7 @@ def test_plausible_5xx_is_still_retried() -> None:
     )
     recorder = Recorder(lambda request: next(answers))
 
-    rows = plausible(recorder).daily_campaign_stats(DAY)
+    rows = plausible(recorder).campaign_stats(DAY, DAY)[DAY]
 
     assert [row.visitors for row in rows] == [3]
     assert len(recorder.sleeps) == 1 and 0 <= recorder.sleeps[0] <= 0.5
@@ -195,7 +195,7 @@ def test_plausible_5xx_outlasting_every_attempt_is_transient() -> None:
     recorder = Recorder(lambda request: httpx.Response(503, text="upstream unavailable"))
 
     with pytest.raises(ServiceError) as raised:
-        plausible(recorder).daily_campaign_stats(DAY)
+        plausible(recorder).campaign_stats(DAY, DAY)[DAY]
 
     # The asset lets Dagster's step retry try again later (IMPORT_RETRY_POLICY).
     assert raised.value.transient
@@ -208,7 +208,7 @@ def test_plausible_401_names_the_api_key_env_var() -> None:
     recorder = Recorder(lambda request: httpx.Response(401, json=body))
 
     with pytest.raises(ServiceError) as raised:
-        plausible(recorder).daily_campaign_stats(DAY)
+        plausible(recorder).campaign_stats(DAY, DAY)[DAY]
 
     assert raised.value.status == 401
     assert "PLAUSIBLE_API_KEY" in str(raised.value)
@@ -221,7 +221,7 @@ def test_plausible_400_quotes_the_error_field() -> None:
     recorder = Recorder(lambda request: httpx.Response(400, json={"error": message}))
 
     with pytest.raises(ServiceError) as raised:
-        plausible(recorder).daily_campaign_stats(DAY)
+        plausible(recorder).campaign_stats(DAY, DAY)[DAY]
 
     assert raised.value.status == 400
     assert message in str(raised.value)
@@ -234,7 +234,7 @@ def test_plausible_truncated_json_is_a_service_error() -> None:
     )
 
     with pytest.raises(ServiceError, match="not valid JSON") as raised:
-        plausible(recorder).daily_campaign_stats(DAY)
+        plausible(recorder).campaign_stats(DAY, DAY)[DAY]
 
     assert not isinstance(raised.value, json.JSONDecodeError)
 
@@ -248,7 +248,7 @@ def test_a_body_nested_past_the_parser_is_a_service_error_not_a_recursion_error(
     )
     with pytest.raises(ServiceError):
         if importer == "plausible":
-            plausible(recorder).daily_campaign_stats(DAY)
+            plausible(recorder).campaign_stats(DAY, DAY)[DAY]
         else:
             github(recorder).list_release_assets("acme/widget")
 
@@ -259,7 +259,7 @@ def test_plausible_row_for_another_day_is_refused() -> None:
     recorder = Recorder(lambda request: httpx.Response(200, json=page))
 
     with pytest.raises(ServiceError, match="2026-11-25"):
-        plausible(recorder).daily_campaign_stats(DAY)
+        plausible(recorder).campaign_stats(DAY, DAY)[DAY]
 
 
 @pytest.mark.parametrize(
@@ -279,7 +279,7 @@ def test_plausible_not_configured(api_key: str | None, site_id: str | None, reas
     assert not client.is_configured()
     assert client.not_configured_reason() == reason
     with pytest.raises(ImporterNotConfigured, match=reason):
-        client.daily_campaign_stats(DAY)
+        client.campaign_stats(DAY, DAY)[DAY]
     assert recorder.requests == []
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import random
 
 from marketing_pipelines.measurement import sketches
+from marketing_pipelines_tests.factories import sketch_of
 
 
 def test_small_sketches_round_to_the_exact_count_and_survive_serialization() -> None:
     for n in (0, 1, 7, 50, 300):
-        data = sketches.serialize(sketches.sketch_of(f"actor-{i}" for i in range(n)))
+        data = sketches.serialize(sketch_of(f"actor-{i}" for i in range(n)))
         assert sketches.estimate(sketches.deserialize(data)) == n
 
 
@@ -20,7 +21,7 @@ def test_range_uniques_from_daily_sketches_stay_within_the_stated_error() -> Non
     for actor in range(100_000):
         for day in rng.sample(range(30), rng.randint(1, 4)):
             days[day].add(f"user-{actor}")
-    daily = [sketches.serialize(sketches.sketch_of(actors)) for actors in days]
+    daily = [sketches.serialize(sketch_of(actors)) for actors in days]
     exact = len(set().union(*days))
     merged = sketches.merge(daily)
     estimate = sketches.estimate(merged)

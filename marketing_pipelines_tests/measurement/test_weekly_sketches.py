@@ -19,6 +19,7 @@ from marketing_pipelines.measurement.report.build import measurement_report
 from marketing_pipelines.measurement.report.model import MeasurementReport
 from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
 from marketing_pipelines.measurement.rollup.weekly import week_start
+from marketing_pipelines_tests.factories import sketch_of
 from marketing_pipelines_tests.measurement.generated import seed
 
 FIRST = date(2026, 11, 2)  # a Monday: the range holds two whole ISO weeks and three days of a third
@@ -109,7 +110,7 @@ def test_report_uses_whole_fresh_weeks_and_equals_a_recount(engine: sa.Engine, b
 
     # Swap in a sketch of other actors while the fingerprint still matches: the report must now
     # show it, which proves the weekly row (not the daily ones) is what it merged.
-    other = sketches.serialize(sketches.sketch_of(f"someone-else-{i}" for i in range(500)))
+    other = sketches.serialize(sketch_of(f"someone-else-{i}" for i in range(500)))
     with engine.begin() as conn:
         conn.execute(
             sa.update(weekly_table)

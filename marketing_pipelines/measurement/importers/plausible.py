@@ -65,10 +65,6 @@ class PlausibleClient(dg.ConfigurableResource):
         missing = [env for env, value in ((API_KEY_ENV, self.api_key), (SITE_ID_ENV, self.site_id)) if not value]
         return f"set {' and '.join(missing)}" if missing else ""
 
-    def daily_campaign_stats(self, day: dt.date) -> list[SiteAnalyticsRow]:
-        """Every (campaign, page) row of ``day``, across as many pages as the API needs."""
-        return self.campaign_stats(day, day)[day]
-
     def campaign_stats(self, first: dt.date, last: dt.date) -> dict[dt.date, list[SiteAnalyticsRow]]:
         """Every (day, campaign, page) row of the days ``first`` to ``last``, keyed by day (every day present).
 
