@@ -55,9 +55,17 @@ _KEY_NAME_IN_TEXT = re.compile(r"(?i)(?:^|[-_])(?:api|access|secret|private|clie
 # A value: up to white space, a quote or a separator; an authorization scheme before it goes with it.
 _VALUE = re.compile(r"""(?i)(?:(?:bearer|basic|token)\s+)?[^\s'",;&})\]]+""")
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[^\s'\",;]{4,}")
-# A Python bytes literal, as an HTTP library quotes a header it refused; to the end of the text when
-# cut before its closing quote.
-_BYTES_LITERAL = re.compile(r"""(?<![\w'"])b(['"])(?:(?!\1)[^\\]|\\.)*(?:\1|\\?$)""", re.DOTALL)
+# A Python bytes literal, as an HTTP library quotes a header it refused (``b'Bearer sk-...'``): a ``b``
+# that starts a word (not ``camp-b'``), a quote, text that neither starts nor ends with white space, and
+# the same quote not followed by a letter or a quote; or, cut before its closing quote, an optional
+# scheme and one word ending the text. Free text with a stray ``b'`` ("moved b' to 'camp-b' only") holds
+# no such literal, and its words stay shown.
+_BYTES_LITERAL = re.compile(
+    r"""(?<![\w'"-])b(['"])"""
+    r"""(?:(?=[^\s'"])(?:(?!\1)[^\\]|\\.)*(?<!\s)\1(?![\w'"])"""
+    r"""|(?i:(?:bearer|basic|token)\s+)?[^\s'"]*\\?\Z)""",
+    re.DOTALL,
+)
 # Whatever ``redact_text`` changes holds one of these, in ASCII text compared lower-case: a URL's "://",
 # "bearer", or a piece of every secret-like name (a name ``_hide_assignments`` hides a value after holds
 # one of _SECRET_WORDS or ends in "key"); a bytes literal holds b' or b". Text without any (most log

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 
@@ -61,6 +62,13 @@ def add_endpoint(
         check_webhook_url(url, egress)
     except InvalidPayload as exc:
         raise InvalidInput(str(exc)) from None
+    if "@" in urlsplit(url).netloc:
+        # A send connects to the checked address and never carries user info (webhook.WebhookClient.post):
+        # accepting it would drop the credential silently at every delivery.
+        raise InvalidInput(
+            f"webhook URL {url_origin(url)} holds user info (user:password@), which deliveries never send; "
+            "put the credential in the URL's path or query, or in a header of the execution's payload"
+        )
     if campaign_id is not None:
         require_campaign(conn, campaign_id)
     if conn.execute(sa.select(webhook_endpoint.c.name).where(webhook_endpoint.c.name == name)).first():

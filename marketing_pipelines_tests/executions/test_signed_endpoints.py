@@ -267,6 +267,18 @@ def test_the_cli_prints_a_secret_once_and_never_lists_it(db_url: str, engine: sa
     assert "crm2" not in runner.invoke(main, ["webhooks", "list"], env=env).output
 
 
+def test_add_refuses_a_url_with_user_info_in_one_line_without_showing_it(db_url: str) -> None:
+    env = {"MARKETING_DATABASE_URL": db_url, "MARKETING_SECRETS_KEY": KEY}
+    runner = CliRunner()
+    for url in ("https://ana:PW-SECRET@hooks.example.com/x", "https://TOKEN-SECRET@hooks.example.com/x"):
+        refused = runner.invoke(main, ["webhooks", "add", "crm", "--url", url], env=env)
+        assert refused.exit_code != 0
+        assert refused.output.strip().count("\n") == 0 and "holds user info" in refused.output
+        assert "https://hooks.example.com" in refused.output
+        assert "SECRET" not in refused.output
+    assert "crm" not in runner.invoke(main, ["webhooks", "list"], env=env).output
+
+
 def test_without_a_key_add_refuses_in_one_line_naming_the_variable(db_url: str, tmp_path) -> None:
     runner = CliRunner()
     env = {"MARKETING_DATABASE_URL": db_url, "MARKETING_SECRETS_KEY": ""}
