@@ -10,7 +10,9 @@ Free text (an error, a receiver's answer, a model's output) is searched for URLs
 URL ends only at white space, so a quote or a parenthesis inside one cannot end it early and leave its
 query shown (``redact_urls``). ``redact_text`` also hides credential echoes: ``Bearer ...``, a bytes
 literal (httpx's "Illegal header value b'...'" quotes a header, i.e. an API key) and ``name: value`` /
-``name=value`` for secret-like names. ``redact_value`` does the same inside JSON-like values, where a
+``name=value`` for secret-like names. A secret this process knows by value (``remember_secrets``: secret
+settings, endpoints' secrets, header values sent) is hidden first, wherever it appears, as a service may
+echo one bare ("Incorrect API key provided: sk-..."). ``redact_value`` does the same inside JSON-like values, where a
 secret-like key's value and every header value become ``***``. ``shown_text`` also writes control and
 bidirectional characters visibly, so untrusted text cannot drive a terminal or reorder what a person reads.
 """
@@ -18,6 +20,7 @@ bidirectional characters visibly, so untrusted text cannot drive a terminal or r
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
@@ -145,8 +148,86 @@ def url_origins(text: str) -> str:
     return _each_url(text, url_origin)
 
 
+# Secrets this process knows by value (``remember_secrets``): settings marked secret, endpoint URLs' secret
+# parts and signing secrets, header values it sent. A service's error may echo one with nothing around it
+# that a pattern could spot (OpenAI's 401: "Incorrect API key provided: sk-..."). Shorter values are
+# not remembered: "hook" or a port would hide every word holding it.
+MIN_REMEMBERED_CHARS = 8
+# A process remembers at most this many (a run sends at most a batch's headers); past it, new ones are not
+# remembered, so a process sending endless distinct header values cannot grow without bound.
+MAX_REMEMBERED = 20_000
+# The authorization schemes whose token is also remembered alone ("Bearer X" -> X too).
+_SCHEME_AND_TOKEN = re.compile(r"(?i)^(?:bearer|basic|token|digest|bot)\s+(\S.*)$")
+# Headers whose values are no secret and recur in ordinary text (``application/json``, an API version
+# date, a request id): never remembered. Every other header value is, as ``redact_value`` hides it.
+PUBLIC_HEADERS = frozenset(
+    {
+        *("accept", "accept-encoding", "accept-language", "cache-control", "connection", "content-encoding"),
+        *("content-length", "content-type", "host", "if-modified-since", "if-none-match", "transfer-encoding"),
+        *("user-agent", "traceparent", "anthropic-version", "anthropic-beta", "openai-beta", "x-github-api-version"),
+        # Ours: one execution's id and attempt, and a per-request HMAC that reveals nothing of its key.
+        *("idempotency-key", "marketing-attempt", "webhook-id", "webhook-timestamp", "webhook-signature"),
+    }
+)
+_remembered: set[str] = set()
+_remembered_longest_first: tuple[str, ...] = ()
+_remembering = threading.Lock()
+
+
+def remember_secrets(*values: str | None) -> None:
+    """Hide each of ``values`` (and, after an authorization scheme, its token alone) from all text this process
+    redacts from now on: ``redact_text`` and everything built on it. Empty and short values are ignored."""
+    global _remembered_longest_first
+    wanted: set[str] = set()
+    for value in values:
+        value = (value or "").strip()
+        scheme = _SCHEME_AND_TOKEN.match(value)
+        wanted.update(v for v in (value, scheme.group(1).strip() if scheme else "") if len(v) >= MIN_REMEMBERED_CHARS)
+    if wanted <= _remembered:  # the usual case, a key sent again: no lock
+        return
+    with _remembering:
+        room = MAX_REMEMBERED - len(_remembered)
+        _remembered.update(sorted(wanted - _remembered)[: max(room, 0)])
+        # Longest first, so a secret holding another is hidden whole.
+        _remembered_longest_first = tuple(sorted(_remembered, key=len, reverse=True))
+
+
+def remember_headers(headers: Mapping[str, str]) -> None:
+    """``remember_secrets`` of every header value but those of ``PUBLIC_HEADERS``."""
+    remember_secrets(*(value for name, value in headers.items() if name.lower() not in PUBLIC_HEADERS))
+
+
+def remember_url_secrets(url: str | None, *, path_is_secret: bool = False) -> None:
+    """``remember_secrets`` of what in ``url`` may be a credential: its password (with the user name), query and query
+    values, fragment, and (``path_is_secret``: a webhook's, Slack's ``/services/T0/B0/<token>``) its path and
+    token-like path segments. A host, a port or a plain path (``/v1``, a database file) is no secret."""
+    if not url or "://" not in url:
+        return
+    try:
+        split = urlsplit(url.strip())
+        password = split.password
+    except ValueError:
+        return
+    user_info = split.netloc.rpartition("@")[0]
+    # A user name alone (a database's "postgres") is no secret; in a webhook's URL it is a token's place.
+    values = [user_info if password is not None or path_is_secret else "", password, split.query, split.fragment]
+    values += [value for pair in split.query.split("&") for value in pair.split("=", 1)[1:]]
+    if path_is_secret:
+        values += [split.path, *(s for s in split.path.split("/") if len(s) >= 16 or any(c.isdigit() for c in s))]
+    remember_secrets(*values)
+
+
+def _hide_remembered(text: str) -> str:
+    for secret in _remembered_longest_first:
+        if secret in text:
+            text = text.replace(secret, HIDDEN)
+    return text
+
+
 def redact_text(text: str) -> str:
-    """``text`` with its URLs redacted and credential echoes hidden: ``Bearer ***``, ``b'***'``, ``X-Api-Key: ***``."""
+    """``text`` with the secrets this process remembers (``remember_secrets``) hidden, its URLs redacted and
+    credential echoes hidden: ``Bearer ***``, ``b'***'``, ``X-Api-Key: ***``."""
+    text = _hide_remembered(text)
     return _redact_text_scanned(text) if _may_hide(text) else text
 
 
@@ -159,7 +240,7 @@ def _may_hide(text: str) -> bool:
 
 
 def _redact_text_scanned(text: str) -> str:
-    """``redact_text`` without its shortcut for text that holds nothing to redact."""
+    """``redact_text`` without its shortcut for text that holds nothing to redact (nor remembered secrets)."""
     text = redact_urls(text)
     text = _BYTES_LITERAL.sub(lambda m: f"b{m.group(1)}{HIDDEN}{m.group(1)}", text)
     return _BEARER.sub(lambda m: f"{m.group(1)} {HIDDEN}", _hide_assignments(text))
