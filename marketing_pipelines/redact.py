@@ -36,9 +36,15 @@ _TRAILING_PUNCTUATION = ".,;:)]}>'\""
 _HOST_CHARACTERS = re.compile(r"[a-z0-9._~-]*")
 _IP6_CHARACTERS = re.compile(r"[0-9a-f:.]+(?:%[a-z0-9._~-]+)?")
 
-# C0 and C1 controls except tab and newline, and the bidirectional overrides that make a terminal
-# or a page show text in another order than it is stored ("Trojan source").
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 controls except tab and newline; the bidirectional marks and overrides that make a terminal
+# or a page show text in another order than it is stored ("Trojan source"), U+061C among them; the line
+# and paragraph separators (a line break to str.splitlines and many viewers); and the characters that
+# take no room: zero-width space, joiners, word joiner and invisible operators, the BOM, and the tag
+# characters (invisible text that a model still reads).
+CONTROL_CHARACTERS = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028\u2029\u202a-\u202e\u2060-\u2064\u2066-\u2069"
+    r"\ufeff\U000e0000-\U000e007f]"
+)
 
 HIDDEN = "***"
 # A secret-like name, in a JSON key or in ``name: value`` text. "tokens" (plural) is a count
@@ -157,7 +163,7 @@ MIN_REMEMBERED_CHARS = 8
 # remembered, so a process sending endless distinct header values cannot grow without bound.
 MAX_REMEMBERED = 20_000
 # The authorization schemes whose token is also remembered alone ("Bearer X" -> X too).
-_SCHEME_AND_TOKEN = re.compile(r"(?i)^(?:bearer|basic|token|digest|bot)\s+(\S.*)$")
+_SCHEME_AND_TOKEN = re.compile(r"(?i)(?:bearer|basic|token|digest|bot)\s+(\S.*)")
 # Headers whose values are no secret and recur in ordinary text (``application/json``, an API version
 # date, a request id): never remembered. Every other header value is, as ``redact_value`` hides it.
 PUBLIC_HEADERS = frozenset(
@@ -181,7 +187,7 @@ def remember_secrets(*values: str | None) -> None:
     wanted: set[str] = set()
     for value in values:
         value = (value or "").strip()
-        scheme = _SCHEME_AND_TOKEN.match(value)
+        scheme = _SCHEME_AND_TOKEN.fullmatch(value)
         wanted.update(v for v in (value, scheme.group(1).strip() if scheme else "") if len(v) >= MIN_REMEMBERED_CHARS)
     if wanted <= _remembered:  # the usual case, a key sent again: no lock
         return
@@ -366,7 +372,9 @@ def hide_values(text: str, values: set[str]) -> str:
 
 def _escape_control(match: re.Match[str]) -> str:
     code = ord(match.group(0))
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def shown_text(text: str) -> str:
@@ -375,8 +383,24 @@ def shown_text(text: str) -> str:
 
 
 def visible_controls(text: str) -> str:
-    """``text`` with each control and bidirectional character written as ``\\xNN`` / ``\\uNNNN``, URLs as they are."""
+    """``text`` with each control, bidirectional, line-separator and invisible character written as ``\\xNN`` /
+    ``\\uNNNN`` (``\\UNNNNNNNN`` beyond U+FFFF); tab and newline kept, for text shown on lines of its own."""
     return CONTROL_CHARACTERS.sub(_escape_control, text)
+
+
+_TAB_AND_NEWLINE = str.maketrans({"\t": "\\t", "\n": "\\n"})
+
+
+def visible_cell(text: str) -> str:
+    """``text`` as one cell of a table row: as ``visible_controls`` writes it, and tab and newline as the two
+    characters ``\\t`` and ``\\n``, so no value can break its row or forge another (``str.splitlines``
+    finds no break in the result)."""
+    return visible_controls(text).translate(_TAB_AND_NEWLINE)
+
+
+def shown_cell(text: str) -> str:
+    """``text`` redacted (``redact_text``) and on one line as ``visible_cell`` writes it."""
+    return visible_cell(redact_text(text))
 
 
 # OWASP's CSV-injection list: a spreadsheet evaluates a cell starting with these as a formula (tab and CR
