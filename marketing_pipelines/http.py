@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from marketing_pipelines.redact import error_text, redact_text, redact_url
+from marketing_pipelines.redact import error_text, redact_text, redact_url, remember_headers
 
 
 class _RedactedRecords(logging.Filter):
@@ -187,8 +187,12 @@ def send_with_retries(
     ServiceError / RateLimited once the attempts are spent. A wait longer than ``policy.max_wait_s``
     is never slept: RateLimited is raised at once. A request the HTTP stack cannot even write (a
     header value with a newline) is not retried. Every message is redacted (``redact.error_text``):
-    the stack's errors quote URLs and, for a refused header, its value, often an API key.
+    the stack's errors quote URLs and, for a refused header, its value, often an API key. The request's
+    header values are remembered as secrets first (``redact.remember_headers``).
     """
+    # Whatever the service answers may echo a credential we sent (OpenAI's 401 quotes the key): every later
+    # redaction in this process hides these values, the token after an authorization scheme included.
+    remember_headers(request.headers)
     last_problem = "no attempt made"
     last_hint: float | None = None
     rate_limited = False

@@ -10,7 +10,9 @@ Free text (an error, a receiver's answer, a model's output) is searched for URLs
 URL ends only at white space, so a quote or a parenthesis inside one cannot end it early and leave its
 query shown (``redact_urls``). ``redact_text`` also hides credential echoes: ``Bearer ...``, a bytes
 literal (httpx's "Illegal header value b'...'" quotes a header, i.e. an API key) and ``name: value`` /
-``name=value`` for secret-like names. ``redact_value`` does the same inside JSON-like values, where a
+``name=value`` for secret-like names. A secret this process knows by value (``remember_secrets``: secret
+settings, endpoints' secrets, header values sent) is hidden first, wherever it appears, as a service may
+echo one bare ("Incorrect API key provided: sk-..."). ``redact_value`` does the same inside JSON-like values, where a
 secret-like key's value and every header value become ``***``. ``shown_text`` also writes control and
 bidirectional characters visibly, so untrusted text cannot drive a terminal or reorder what a person reads.
 """
@@ -18,6 +20,7 @@ bidirectional characters visibly, so untrusted text cannot drive a terminal or r
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import SplitResult, urlsplit, urlunsplit
@@ -33,9 +36,15 @@ _TRAILING_PUNCTUATION = ".,;:)]}>'\""
 _HOST_CHARACTERS = re.compile(r"[a-z0-9._~-]*")
 _IP6_CHARACTERS = re.compile(r"[0-9a-f:.]+(?:%[a-z0-9._~-]+)?")
 
-# C0 and C1 controls except tab and newline, and the bidirectional overrides that make a terminal
-# or a page show text in another order than it is stored ("Trojan source").
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 controls except tab and newline; the bidirectional marks and overrides that make a terminal
+# or a page show text in another order than it is stored ("Trojan source"), U+061C among them; the line
+# and paragraph separators (a line break to str.splitlines and many viewers); and the characters that
+# take no room: zero-width space, joiners, word joiner and invisible operators, the BOM, and the tag
+# characters (invisible text that a model still reads).
+CONTROL_CHARACTERS = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028\u2029\u202a-\u202e\u2060-\u2064\u2066-\u2069"
+    r"\ufeff\U000e0000-\U000e007f]"
+)
 
 HIDDEN = "***"
 # A secret-like name, in a JSON key or in ``name: value`` text. "tokens" (plural) is a count
@@ -55,9 +64,17 @@ _KEY_NAME_IN_TEXT = re.compile(r"(?i)(?:^|[-_])(?:api|access|secret|private|clie
 # A value: up to white space, a quote or a separator; an authorization scheme before it goes with it.
 _VALUE = re.compile(r"""(?i)(?:(?:bearer|basic|token)\s+)?[^\s'",;&})\]]+""")
 _BEARER = re.compile(r"(?i)\b(bearer)\s+[^\s'\",;]{4,}")
-# A Python bytes literal, as an HTTP library quotes a header it refused; to the end of the text when
-# cut before its closing quote.
-_BYTES_LITERAL = re.compile(r"""(?<![\w'"])b(['"])(?:(?!\1)[^\\]|\\.)*(?:\1|\\?$)""", re.DOTALL)
+# A Python bytes literal, as an HTTP library quotes a header it refused (``b'Bearer sk-...'``): a ``b``
+# that starts a word (not ``camp-b'``), a quote, text that neither starts nor ends with white space, and
+# the same quote not followed by a letter or a quote; or, cut before its closing quote, an optional
+# scheme and one word ending the text. Free text with a stray ``b'`` ("moved b' to 'camp-b' only") holds
+# no such literal, and its words stay shown.
+_BYTES_LITERAL = re.compile(
+    r"""(?<![\w'"-])b(['"])"""
+    r"""(?:(?=[^\s'"])(?:(?!\1)[^\\]|\\.)*(?<!\s)\1(?![\w'"])"""
+    r"""|(?i:(?:bearer|basic|token)\s+)?[^\s'"]*\\?\Z)""",
+    re.DOTALL,
+)
 # Whatever ``redact_text`` changes holds one of these, in ASCII text compared lower-case: a URL's "://",
 # "bearer", or a piece of every secret-like name (a name ``_hide_assignments`` hides a value after holds
 # one of _SECRET_WORDS or ends in "key"); a bytes literal holds b' or b". Text without any (most log
@@ -137,8 +154,86 @@ def url_origins(text: str) -> str:
     return _each_url(text, url_origin)
 
 
+# Secrets this process knows by value (``remember_secrets``): settings marked secret, endpoint URLs' secret
+# parts and signing secrets, header values it sent. A service's error may echo one with nothing around it
+# that a pattern could spot (OpenAI's 401: "Incorrect API key provided: sk-..."). Shorter values are
+# not remembered: "hook" or a port would hide every word holding it.
+MIN_REMEMBERED_CHARS = 8
+# A process remembers at most this many (a run sends at most a batch's headers); past it, new ones are not
+# remembered, so a process sending endless distinct header values cannot grow without bound.
+MAX_REMEMBERED = 20_000
+# The authorization schemes whose token is also remembered alone ("Bearer X" -> X too).
+_SCHEME_AND_TOKEN = re.compile(r"(?i)(?:bearer|basic|token|digest|bot)\s+(\S.*)")
+# Headers whose values are no secret and recur in ordinary text (``application/json``, an API version
+# date, a request id): never remembered. Every other header value is, as ``redact_value`` hides it.
+PUBLIC_HEADERS = frozenset(
+    {
+        *("accept", "accept-encoding", "accept-language", "cache-control", "connection", "content-encoding"),
+        *("content-length", "content-type", "host", "if-modified-since", "if-none-match", "transfer-encoding"),
+        *("user-agent", "traceparent", "anthropic-version", "anthropic-beta", "openai-beta", "x-github-api-version"),
+        # Ours: one execution's id and attempt, and a per-request HMAC that reveals nothing of its key.
+        *("idempotency-key", "marketing-attempt", "webhook-id", "webhook-timestamp", "webhook-signature"),
+    }
+)
+_remembered: set[str] = set()
+_remembered_longest_first: tuple[str, ...] = ()
+_remembering = threading.Lock()
+
+
+def remember_secrets(*values: str | None) -> None:
+    """Hide each of ``values`` (and, after an authorization scheme, its token alone) from all text this process
+    redacts from now on: ``redact_text`` and everything built on it. Empty and short values are ignored."""
+    global _remembered_longest_first
+    wanted: set[str] = set()
+    for value in values:
+        value = (value or "").strip()
+        scheme = _SCHEME_AND_TOKEN.fullmatch(value)
+        wanted.update(v for v in (value, scheme.group(1).strip() if scheme else "") if len(v) >= MIN_REMEMBERED_CHARS)
+    if wanted <= _remembered:  # the usual case, a key sent again: no lock
+        return
+    with _remembering:
+        room = MAX_REMEMBERED - len(_remembered)
+        _remembered.update(sorted(wanted - _remembered)[: max(room, 0)])
+        # Longest first, so a secret holding another is hidden whole.
+        _remembered_longest_first = tuple(sorted(_remembered, key=len, reverse=True))
+
+
+def remember_headers(headers: Mapping[str, str]) -> None:
+    """``remember_secrets`` of every header value but those of ``PUBLIC_HEADERS``."""
+    remember_secrets(*(value for name, value in headers.items() if name.lower() not in PUBLIC_HEADERS))
+
+
+def remember_url_secrets(url: str | None, *, path_is_secret: bool = False) -> None:
+    """``remember_secrets`` of what in ``url`` may be a credential: its password (with the user name), query and query
+    values, fragment, and (``path_is_secret``: a webhook's, Slack's ``/services/T0/B0/<token>``) its path and
+    token-like path segments. A host, a port or a plain path (``/v1``, a database file) is no secret."""
+    if not url or "://" not in url:
+        return
+    try:
+        split = urlsplit(url.strip())
+        password = split.password
+    except ValueError:
+        return
+    user_info = split.netloc.rpartition("@")[0]
+    # A user name alone (a database's "postgres") is no secret; in a webhook's URL it is a token's place.
+    values = [user_info if password is not None or path_is_secret else "", password, split.query, split.fragment]
+    values += [value for pair in split.query.split("&") for value in pair.split("=", 1)[1:]]
+    if path_is_secret:
+        values += [split.path, *(s for s in split.path.split("/") if len(s) >= 16 or any(c.isdigit() for c in s))]
+    remember_secrets(*values)
+
+
+def _hide_remembered(text: str) -> str:
+    for secret in _remembered_longest_first:
+        if secret in text:
+            text = text.replace(secret, HIDDEN)
+    return text
+
+
 def redact_text(text: str) -> str:
-    """``text`` with its URLs redacted and credential echoes hidden: ``Bearer ***``, ``b'***'``, ``X-Api-Key: ***``."""
+    """``text`` with the secrets this process remembers (``remember_secrets``) hidden, its URLs redacted and
+    credential echoes hidden: ``Bearer ***``, ``b'***'``, ``X-Api-Key: ***``."""
+    text = _hide_remembered(text)
     return _redact_text_scanned(text) if _may_hide(text) else text
 
 
@@ -151,7 +246,7 @@ def _may_hide(text: str) -> bool:
 
 
 def _redact_text_scanned(text: str) -> str:
-    """``redact_text`` without its shortcut for text that holds nothing to redact."""
+    """``redact_text`` without its shortcut for text that holds nothing to redact (nor remembered secrets)."""
     text = redact_urls(text)
     text = _BYTES_LITERAL.sub(lambda m: f"b{m.group(1)}{HIDDEN}{m.group(1)}", text)
     return _BEARER.sub(lambda m: f"{m.group(1)} {HIDDEN}", _hide_assignments(text))
@@ -277,7 +372,9 @@ def hide_values(text: str, values: set[str]) -> str:
 
 def _escape_control(match: re.Match[str]) -> str:
     code = ord(match.group(0))
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def shown_text(text: str) -> str:
@@ -286,8 +383,24 @@ def shown_text(text: str) -> str:
 
 
 def visible_controls(text: str) -> str:
-    """``text`` with each control and bidirectional character written as ``\\xNN`` / ``\\uNNNN``, URLs as they are."""
+    """``text`` with each control, bidirectional, line-separator and invisible character written as ``\\xNN`` /
+    ``\\uNNNN`` (``\\UNNNNNNNN`` beyond U+FFFF); tab and newline kept, for text shown on lines of its own."""
     return CONTROL_CHARACTERS.sub(_escape_control, text)
+
+
+_TAB_AND_NEWLINE = str.maketrans({"\t": "\\t", "\n": "\\n"})
+
+
+def visible_cell(text: str) -> str:
+    """``text`` as one cell of a table row: as ``visible_controls`` writes it, and tab and newline as the two
+    characters ``\\t`` and ``\\n``, so no value can break its row or forge another (``str.splitlines``
+    finds no break in the result)."""
+    return visible_controls(text).translate(_TAB_AND_NEWLINE)
+
+
+def shown_cell(text: str) -> str:
+    """``text`` redacted (``redact_text``) and on one line as ``visible_cell`` writes it."""
+    return visible_cell(redact_text(text))
 
 
 # OWASP's CSV-injection list: a spreadsheet evaluates a cell starting with these as a formula (tab and CR

@@ -29,6 +29,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from marketing_pipelines.egress import parse_networks
+from marketing_pipelines.redact import remember_secrets, remember_url_secrets
 from marketing_pipelines.sealing import KeySource, key_source
 
 if TYPE_CHECKING:
@@ -366,11 +367,36 @@ def _one_line(exc: ValidationError) -> str:
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """The environment's settings (``overrides`` win over it); raises SettingsError naming the variable."""
+    """The environment's settings (``overrides`` win over it); raises SettingsError naming the variable.
+
+    Every secret setting's value is remembered (``remember_settings_secrets``), so it is hidden from any text
+    this process stores, logs or sends from then on.
+    """
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except ValidationError as exc:
         raise SettingsError(_one_line(exc)) from None
+    remember_settings_secrets(settings)
+    return settings
+
+
+# The secret setting that is a webhook: its path is its token (Slack's /services/T0/B0/<token>).
+_WEBHOOK_SETTINGS = frozenset({"alert_webhook_url"})
+
+
+def remember_settings_secrets(settings: Settings) -> None:
+    """``redact.remember_secrets`` of each secret setting's value: a key whole and each of a comma-separated
+    list's keys (MARKETING_SECRETS_KEY=new,old); of a URL only what may be a credential (user info, query,
+    a webhook's path), as its host or a database file's path is no secret and recurs in ordinary text."""
+    for name in Settings.model_fields:
+        value = getattr(settings, name)
+        if not is_secret(name) or value is None:
+            continue
+        text = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        if "://" in text:
+            remember_url_secrets(text, path_is_secret=name in _WEBHOOK_SETTINGS)
+        else:
+            remember_secrets(text, *text.split(","))
 
 
 @functools.cache

@@ -19,6 +19,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 
+from marketing_pipelines import redact
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.migrate import upgrade
 from marketing_pipelines.db.schema import metadata
@@ -29,6 +30,18 @@ DEFAULT_PG_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 def _admin_url() -> str:
     return os.environ.get("MARKETING_TEST_POSTGRES_URL", DEFAULT_PG_URL)
+
+
+@pytest.fixture(autouse=True)
+def _secrets_remembered_per_test() -> Iterator[None]:
+    """Each test starts with the secrets this process remembered before it (``redact.remember_secrets``):
+    one test's key or site id must not be hidden in the next test's text."""
+    remembered, longest_first = set(redact._remembered), redact._remembered_longest_first
+    yield
+    with redact._remembering:
+        redact._remembered.clear()
+        redact._remembered.update(remembered)
+        redact._remembered_longest_first = longest_first
 
 
 @pytest.fixture(scope="session")

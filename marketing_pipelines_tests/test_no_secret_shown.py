@@ -345,6 +345,11 @@ def test_redact_urls_finds_urls_whatever_they_hold(text: str, shown: str) -> Non
         # httpx's refusal of a header quotes its value, whole or cut.
         ("Illegal header value b'Bearer sk-SECRET\\n'", "Illegal header value b'***'"),
         ("Illegal header value b'Bearer sk-SEC", "Illegal header value b'***'"),
+        # A stray b' in free text is no bytes literal: every word stays (issue 35 item 13b).
+        ("moved b' to 'camp-b' only", "moved b' to 'camp-b' only"),
+        ("note: b'camp-a and 'camp-b' only", "note: b'camp-a and 'camp-b' only"),
+        ("stage camp-b' only", "stage camp-b' only"),
+        ('sent b"tok-123" to camp-b', 'sent b"***" to camp-b'),
         ("Authorization: Bearer sk-SECRET", "Authorization: ***"),
         ("got X-Api-Key: SECRET from you", "got X-Api-Key: *** from you"),
         ('{"api_key": "SECRET", "max_tokens": 5}', '{"api_key": "***", "max_tokens": 5}'),

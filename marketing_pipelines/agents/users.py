@@ -21,7 +21,8 @@ from marketing_pipelines.db.schema import ALL_CAMPAIGNS, app_user, user_permissi
 from marketing_pipelines.errors import InvalidInput
 
 PERMISSIONS = ("campaign:read", "measurement:read", "execution:read", "execution:write")
-USER_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+# Checked with fullmatch: "$" would also match before a trailing newline ("ana\n").
+USER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 
 
 @dataclass(frozen=True, order=True)
@@ -48,7 +49,7 @@ class User:
 
 
 def add_user(conn: sa.Connection, user_id: str, display_name: str | None = None) -> None:
-    if not USER_ID_RE.match(user_id):
+    if not USER_ID_RE.fullmatch(user_id):
         raise InvalidInput(f"user id {user_id!r} must be 1-64 letters, digits, '.', '_', '@' or '-'")
     if get_user(conn, user_id) is not None:
         raise InvalidInput(f"user {user_id!r} already exists")

@@ -20,7 +20,7 @@ from marketing_pipelines.cli.common import (
     settings,
 )
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.redact import redact_value, shown_text
+from marketing_pipelines.redact import redact_value, shown_cell, shown_text
 from marketing_pipelines.settings import MODEL_PROVIDERS
 
 # --- users ------------------------------------------------------------------------------------
@@ -228,17 +228,17 @@ def agents_show(agent_run_id: int, as_json: bool) -> None:
         click.echo(f"{key:>13}: {shown_text(cell_text(run.get(key)))}")
     # Errors and output whole (a table cell is cut at 60 characters), never raw: model text may hold
     # escape sequences that would rewrite the terminal.
-    click.echo(f"{'error':>13}: {shown_text(run['error']) if run.get('error') else '-'}")
+    click.echo(f"{'error':>13}: {shown_cell(run['error']) if run.get('error') else '-'}")
     if run.get("output"):
         click.echo(f"{'output':>13}:\n{shown_text(str(run['output'].get('text', '')))}")
     click.echo("transcript:")
     for s in steps:
-        name = shown_text(s["name"] or "")
+        name = shown_cell(s["name"] or "")
         content, whole = s["content"], {"error": "error", "tool_error": "error", "denial": "reason"}.get(s["kind"])
         if whole and isinstance(content, dict) and whole in content:
-            text = shown_text(str(content[whole]))
+            text = shown_cell(str(content[whole]))
         else:
-            text = shown_text(cell_text(content))
+            text = shown_cell(cell_text(content))
         click.echo(f"  [{s['attempt']}.{s['seq']:>2}] {s['kind']:<11} {name:<20} {text}")
 
 

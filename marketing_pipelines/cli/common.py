@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from marketing_pipelines.db.engine import DatabaseUnavailable, get_engine
 from marketing_pipelines.db.schema_version import SchemaNotReady, ensure_schema_current
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.redact import visible_controls
+from marketing_pipelines.redact import visible_cell, visible_controls
 from marketing_pipelines.settings import Settings, SettingsError, load_settings
 
 KNOWN_ERRORS: tuple[type[Exception], ...] = (
@@ -122,14 +122,15 @@ def emit_rows(rows: list[dict[str, Any]], columns: list[str], as_json: bool) -> 
 def cell_text(value: Any) -> str:
     """One table cell: ``-`` for NULL, ISO times to the second, JSON for the rest, cut at 60 characters.
 
-    Text from the database is anyone's (a campaign name, a receiver's answer, a model's output): its control
-    and bidi characters are written visibly, before the cut, so ESC, OSC 52 or U+202E cannot drive the terminal.
+    Text from the database is anyone's (a campaign name, a receiver's answer, a model's output): its control,
+    bidi and invisible characters are written visibly (``redact.visible_cell``: tab and newline as ``\\t`` and
+    ``\\n``), before the cut, so ESC, OSC 52 or U+202E cannot drive the terminal and no value adds a row.
     """
     if value is None:
         return "-"
     if hasattr(value, "isoformat"):
         return value.isoformat(timespec="seconds")
-    text = visible_controls(value if isinstance(value, str) else json.dumps(value, default=str))
+    text = visible_cell(value if isinstance(value, str) else json.dumps(value, default=str))
     return text if len(text) <= 60 else text[:57] + "..."
 
 

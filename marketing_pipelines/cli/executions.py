@@ -24,6 +24,7 @@ from marketing_pipelines.redact import (
     redact_url,
     redact_value,
     secret_parts,
+    shown_cell,
     shown_text,
 )
 from marketing_pipelines.settings import dagster_ui_base, env_name
@@ -288,7 +289,7 @@ def executions_show(execution_id: int, with_body: bool, as_json: bool) -> None:
     for key in (*keys, "run_id"):
         click.echo(f"{key:>13}: {cell_text(execution.get(key))}")
     click.echo(f"{'payload':>13}: {shown_text(json.dumps(execution['payload'], default=str, ensure_ascii=False))}")
-    click.echo(f"{'last_error':>13}: {shown_text(execution.get('last_error') or '-')}")
+    click.echo(f"{'last_error':>13}: {shown_cell(execution.get('last_error') or '-')}")
     click.echo("attempts:")
     emit_rows(attempts, ["attempt", "run_id", "started_at", "finished_at", "outcome", "error"], False)
     for attempt in attempts:  # not a table column: a cell is cut at 60 characters, a link must stay whole

@@ -11,8 +11,9 @@ import sqlalchemy as sa
 from marketing_pipelines.db.schema import campaign
 from marketing_pipelines.errors import InvalidInput
 
-CAMPAIGN_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
-GITHUB_REPO_RE = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+# Checked with fullmatch: "$" would also match before a trailing newline ("camp-a\n").
+CAMPAIGN_ID_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+GITHUB_REPO_RE = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 
 
 @dataclass(frozen=True)
@@ -25,13 +26,13 @@ class Campaign:
 
 
 def validate_campaign(c: Campaign) -> None:
-    if not CAMPAIGN_ID_RE.match(c.id):
+    if not CAMPAIGN_ID_RE.fullmatch(c.id):
         raise InvalidInput(f"campaign id {c.id!r} must be 1-64 lowercase letters, digits, '-' or '_'")
     if not c.name.strip():
         raise InvalidInput("campaign name must not be empty")
     if not c.owner.strip():
         raise InvalidInput("campaign owner must not be empty")
-    if c.github_repo is not None and not GITHUB_REPO_RE.match(c.github_repo):
+    if c.github_repo is not None and not GITHUB_REPO_RE.fullmatch(c.github_repo):
         raise InvalidInput(f"github repo {c.github_repo!r} must look like owner/name")
 
 

@@ -25,6 +25,8 @@ from marketing_pipelines.redact import (
     hide_values,
     redact_text,
     redact_value,
+    remember_headers,
+    remember_url_secrets,
     secret_parts,
     shown_text,
     url_origin,
@@ -168,6 +170,9 @@ class WebhookAction:
         check_headers(payload.get("headers", {}))
 
     def run(self, ctx: ActionContext, payload: Mapping[str, Any], webhook: WebhookClient) -> dict[str, Any]:
+        # A payload's header may carry any credential (X-Custom: <token>): hidden from every text this
+        # process redacts from now on, a receiver's answer quoting it included.
+        remember_headers(payload.get("headers", {}))
         headers = {
             **payload.get("headers", {}),
             "Idempotency-Key": ctx.idempotency_key,
@@ -203,6 +208,7 @@ class WebhookAction:
             url = payload["url"]
             shown = url_origin(url)
             hidden = set()
+            remember_url_secrets(url, path_is_secret=True)
         # Deferred: httpx takes 0.2 s to import, which scheduling (validate) should not pay; a run that
         # gets here holds a WebhookClient, which has imported it already.
         import httpx

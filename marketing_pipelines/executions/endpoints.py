@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 
@@ -22,7 +23,7 @@ from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import Endpoint, InvalidPayload, check_endpoint_name, check_webhook_url
 from marketing_pipelines.executions.signing import new_signing_secret
-from marketing_pipelines.redact import url_origin
+from marketing_pipelines.redact import remember_secrets, remember_url_secrets, url_origin
 from marketing_pipelines.sealing import KeySource, SealingError, SecretBox
 
 
@@ -61,6 +62,13 @@ def add_endpoint(
         check_webhook_url(url, egress)
     except InvalidPayload as exc:
         raise InvalidInput(str(exc)) from None
+    if "@" in urlsplit(url).netloc:
+        # A send connects to the checked address and never carries user info (webhook.WebhookClient.post):
+        # accepting it would drop the credential silently at every delivery.
+        raise InvalidInput(
+            f"webhook URL {url_origin(url)} holds user info (user:password@), which deliveries never send; "
+            "put the credential in the URL's path or query, or in a header of the execution's payload"
+        )
     if campaign_id is not None:
         require_campaign(conn, campaign_id)
     if conn.execute(sa.select(webhook_endpoint.c.name).where(webhook_endpoint.c.name == name)).first():
@@ -171,7 +179,7 @@ def open_endpoints(conn: sa.Connection, keys: Callable[[], KeySource], names: se
             opened[name] = "not registered (removed?)"
             continue
         try:
-            opened[name] = Endpoint(
+            endpoint = Endpoint(
                 name,
                 row.campaign_id,
                 box.open(row.url_sealed),
@@ -181,4 +189,10 @@ def open_endpoints(conn: sa.Connection, keys: Callable[[], KeySource], names: se
             )
         except SealingError as exc:
             opened[name] = str(exc)
+            continue
+        # Opened, they are in this process's memory: a receiver quoting its URL's path, or a stray log of a
+        # secret, is redacted wherever this process shows, stores or sends text.
+        remember_url_secrets(endpoint.url, path_is_secret=True)
+        remember_secrets(endpoint.secret, endpoint.previous_secret)
+        opened[name] = endpoint
     return opened

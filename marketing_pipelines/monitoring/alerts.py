@@ -9,8 +9,9 @@ Dagster run held, and formats one message from the failures and check changes a 
 The message is ``{"text": ...}`` in Slack mrkdwn: Slack, Mattermost, Rocket.Chat and Discord's
 ``/slack`` endpoint all take ``text``, while ``blocks`` are Slack's alone. Every piece of text that
 comes from a run, a row or a check is untrusted: URLs in it keep only scheme and host, control
-characters become spaces, and ``&``, ``<``, ``>`` are escaped, so nothing in it can become a link or
-an ``<!channel>`` mention.
+characters become spaces, ``&``, ``<``, ``>`` are escaped, and ``@``, ``[``, ``]``, a scheme's ``://``
+and ``www.`` are written with their full-width look-alikes (U+FF20, U+FF3B, U+FF3D, U+FF1A, U+FF0E), so
+nothing in it can become a link or a mention in any of those receivers (``mrkdwn``).
 """
 
 from __future__ import annotations
@@ -50,12 +51,27 @@ def neutralise(text: str) -> str:
     return " ".join(CONTROL_CHARACTERS.sub(" ", url_origins(redact_text(text))).split())
 
 
+# What would make untrusted text a mention or a link in one of the receivers OPERATIONS names, each
+# written as a full-width look-alike that none of them parses: "@" (@channel, @here, @everyone, @all;
+# Discord's <@id>), Markdown's link and image brackets ([text](url), ![](url), [text][ref]), and a
+# scheme's "://" and "www." (every receiver autolinks those; Slack's <url|text> is escaped below).
+_INERT = str.maketrans({"@": "\uff20", "[": "\uff3b", "]": "\uff3d"})
+_AUTOLINKED = re.compile(r"(?i):(?=//)|(?<![\w.])(www)\.")
+
+
+def _not_autolinked(match: re.Match[str]) -> str:
+    return "\uff1a" if match.group(1) is None else f"{match.group(1)}\uff0e"
+
+
 def mrkdwn(text: str, limit: int = MAX_REASON_CHARS) -> str:
-    """Untrusted text made safe to place in a Slack mrkdwn message (escaped after cutting, so an
-    escape is never cut in half)."""
+    """Untrusted text made safe to place in a message to Slack, Mattermost, Rocket.Chat or Discord: one line
+    (``neutralise``), cut to ``limit``, then nothing in it can be a link or a mention (``@`` ``[`` ``]``
+    ``://`` ``www.`` as full-width look-alikes, ``&`` ``<`` ``>`` escaped; after cutting, so an escape is
+    never cut in half)."""
     text = neutralise(text)
     if len(text) > limit:
         text = text[: limit - 1] + "…"
+    text = _AUTOLINKED.sub(_not_autolinked, text.translate(_INERT))
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 

@@ -142,3 +142,40 @@ def anthropic_models(answer: Answer) -> dict[str, ProviderResource]:
             return httpx.Client(base_url=self.base_url, transport=httpx.MockTransport(handle))
 
     return {**unconfigured_models(), "anthropic_model": Mocked(api_key="test-key")}
+
+
+# --- a provider that rejects its key, quoting it (rejecting_models) ------------------------------
+
+
+def openai_invalid_key(key: str) -> httpx.Response:
+    """OpenAI's 401 for a wrong key, its message quoting the key as sent (older keys were quoted whole)."""
+    error = {
+        "message": f"Incorrect API key provided: {key}. You can find your API key at https://platform.openai.com/account/api-keys.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
+    return httpx.Response(401, json={"error": error})
+
+
+def anthropic_invalid_key(key: str) -> httpx.Response:
+    """Anthropic's 401 shape (``authentication_error``), its message quoting the key as a proxy in front may."""
+    error = {"type": "authentication_error", "message": f"invalid x-api-key ({key})"}
+    return httpx.Response(
+        401, json={"type": "error", "error": error}, headers={"request-id": "req_011CSHoEeqs5C35K2UUqR7Fy"}
+    )
+
+
+def rejecting_models(provider: str, key: str) -> dict[str, ProviderResource]:
+    """The provider resources, ``provider`` ("openai" or "anthropic") the real one holding ``key``, its HTTP
+    answered with that API's 401 quoting the key."""
+    provider_class, answer = {
+        "openai": (OpenAIModel, openai_invalid_key),
+        "anthropic": (AnthropicModel, anthropic_invalid_key),
+    }[provider]
+
+    class Rejecting(provider_class):  # type: ignore[valid-type,misc]
+        def _client(self) -> httpx.Client:
+            return httpx.Client(transport=httpx.MockTransport(lambda request: answer(key)))
+
+    return {**unconfigured_models(), f"{provider}_model": Rejecting(api_key=key)}

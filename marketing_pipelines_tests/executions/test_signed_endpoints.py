@@ -244,6 +244,23 @@ def test_a_stored_header_the_http_stack_refuses_fails_once_without_showing_it(
     assert hook.received == []
 
 
+def test_a_receiver_echoing_the_signing_secret_shows_it_nowhere(
+    engine: sa.Engine, db_url: str, instance: dg.DagsterInstance, hook: Recorder
+) -> None:
+    add_campaign(engine)
+    secret = _add(engine, hook)
+    # A receiver whose error quotes the secret it expected, with nothing around it a pattern would spot.
+    hook.status, hook.body = 401, f"signature mismatch; expected one under {secret} here".encode()
+    [execution_id] = _schedule(engine, "crm")
+    [result] = _run_due(db_url, instance)
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(marketing_execution).where(marketing_execution.c.id == execution_id)).one()
+    assert row.status == "FAILED" and "answered HTTP 401: signature mismatch; expected one under ***" in row.last_error
+    events = "\n".join(dg.serialize_value(e) for e in instance.all_logs(result.run_id))
+    for shown in (row.last_error, events):
+        assert secret not in shown and secret.removeprefix("whsec_") not in shown
+
+
 def test_the_cli_prints_a_secret_once_and_never_lists_it(db_url: str, engine: sa.Engine, hook: Recorder) -> None:
     add_campaign(engine)
     env = {"MARKETING_DATABASE_URL": db_url, "MARKETING_SECRETS_KEY": KEY, "MARKETING_WEBHOOK_ALLOW_NETWORKS": LOCAL[0]}
@@ -265,6 +282,18 @@ def test_the_cli_prints_a_secret_once_and_never_lists_it(db_url: str, engine: sa
             assert hidden not in listed.output
     assert runner.invoke(main, ["webhooks", "remove", "crm2"], env=env).exit_code == 0
     assert "crm2" not in runner.invoke(main, ["webhooks", "list"], env=env).output
+
+
+def test_add_refuses_a_url_with_user_info_in_one_line_without_showing_it(db_url: str) -> None:
+    env = {"MARKETING_DATABASE_URL": db_url, "MARKETING_SECRETS_KEY": KEY}
+    runner = CliRunner()
+    for url in ("https://ana:PW-SECRET@hooks.example.com/x", "https://TOKEN-SECRET@hooks.example.com/x"):
+        refused = runner.invoke(main, ["webhooks", "add", "crm", "--url", url], env=env)
+        assert refused.exit_code != 0
+        assert refused.output.strip().count("\n") == 0 and "holds user info" in refused.output
+        assert "https://hooks.example.com" in refused.output
+        assert "SECRET" not in refused.output
+    assert "crm" not in runner.invoke(main, ["webhooks", "list"], env=env).output
 
 
 def test_without_a_key_add_refuses_in_one_line_naming_the_variable(db_url: str, tmp_path) -> None:

@@ -22,7 +22,15 @@ from marketing_pipelines.executions.queue import schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.monitoring.alert_sensor import AlertCursor, marketing_alerts_sensor
-from marketing_pipelines.monitoring.alerts import Alert, AlertWebhook, FailedRun, format_alert, mrkdwn
+from marketing_pipelines.monitoring.alerts import (
+    AgentRunInfo,
+    Alert,
+    AlertWebhook,
+    CheckChange,
+    FailedRun,
+    format_alert,
+    mrkdwn,
+)
 from marketing_pipelines.redact import url_origin
 from marketing_pipelines_tests.agents.fake_models import unconfigured_models
 from marketing_pipelines_tests.built import due_executions_sensor, queued_agent_runs_sensor
@@ -127,7 +135,7 @@ def test_a_failed_execution_run_alerts_once_with_its_executions(
     assert "1 of 1 execution(s) FAILED" in message
     assert "execution 1 (spring-launch/launch, webhook)" in message
     # The reason, with the execution's receiver shown as scheme and host only.
-    assert f"webhook http://127.0.0.1:{target.port} answered HTTP 500" in message
+    assert f"webhook http\uff1a//127.0.0.1:{target.port} answered HTTP 500" in message
     assert "/hook/0" not in message and "hunter2" not in message
     assert "more" not in message  # one item listed: nothing left to count (it once said "and -9 more")
     assert "Alerted 1 failed run" in _reason(result)
@@ -370,11 +378,58 @@ def test_a_check_at_error_alerts_once_and_warn_never(
 
 def test_shown_text_cannot_become_markup_or_leak_a_url() -> None:
     text = mrkdwn("a\x1b[31m <https://x.example/p?t=1|click> & \u2028 https://u:pw@h.example:8443/secret/path")
-    # The link's label goes with its URL, which keeps only scheme and host.
-    assert text == "a [31m &lt;https://x.example&gt; &amp; https://h.example:8443"
+    # The link's label goes with its URL, which keeps only scheme and host, and its "://" cannot autolink.
+    assert text == "a \uff3b31m &lt;https\uff1a//x.example&gt; &amp; https\uff1a//h.example:8443"
     assert url_origin(f"https://hooks.slack.com/services/{SECRET}") == "https://hooks.slack.com"
     # A right-to-left override would show the rest of the line reversed in Slack.
     assert mrkdwn("run \u202egnp.exe failed") == "run gnp.exe failed"
+
+
+@pytest.mark.parametrize(
+    ("hostile", "shown"),
+    [
+        # Slack: special mentions and its own link syntax.
+        (
+            "<!channel> <!here|here> <@U024BE7LH> <https://evil.example|click>",
+            "&lt;!channel&gt; &lt;!here|here&gt; &lt;\uff20U024BE7LH&gt; &lt;https\uff1a//evil.example&gt;",
+        ),
+        # Mattermost and Rocket.Chat: @-mentions and Markdown links, images and references.
+        (
+            "@channel @all @here [click](https://evil.example/x) ![img](https://evil.example/p.png) [r][1]",
+            "\uff20channel \uff20all \uff20here \uff3bclick\uff3d(https\uff1a//evil.example) "
+            "!\uff3bimg\uff3d(https\uff1a//evil.example) \uff3br\uff3d\uff3b1\uff3d",
+        ),
+        # Discord (through /slack): @everyone, <@id> and masked links.
+        (
+            "@everyone <@80351110224678912> [docs](http://evil.example)",
+            "\uff20everyone &lt;\uff2080351110224678912&gt; \uff3bdocs\uff3d(http\uff1a//evil.example)",
+        ),
+        # Every receiver: bare URLs and www. autolink, e-mail addresses become mailto links.
+        (
+            "see https://evil.example or WWW.evil.example or ana@evil.example",
+            "see https\uff1a//evil.example or WWW\uff0eevil.example or ana\uff20evil.example",
+        ),
+    ],
+)
+def test_nothing_a_receiver_or_model_wrote_becomes_a_link_or_a_mention(hostile: str, shown: str) -> None:
+    assert mrkdwn(hostile) == shown
+    # Through the whole message, with no UI link of ours: no link or mention syntax of any receiver remains.
+    alert = Alert(
+        [
+            FailedRun(
+                "0123456789abcdef",
+                "agent_run_job",
+                datetime(2026, 12, 3, tzinfo=UTC),
+                hostile,
+                agent_run=AgentRunInfo(7, "@here", "[c](https://evil.example)", "ana@x.example", "FAILED", hostile),
+            ),
+            FailedRun("fedcba9876543210", "other_job", datetime(2026, 12, 3, tzinfo=UTC), hostile),
+        ],
+        [CheckChange(f"q:{hostile}", datetime(2026, 12, 3, tzinfo=UTC), True, True, hostile)],
+    )
+    text = format_alert(alert, location=hostile)
+    for markup in ("@", "[", "]", "://", "<", ">", "www."):
+        assert markup not in text.lower(), markup
 
 
 def test_a_ui_url_a_link_may_not_carry_gives_no_link() -> None:

@@ -27,7 +27,7 @@ from marketing_pipelines.measurement.report.reads import (
     first_party_rows_by_campaign,
 )
 from marketing_pipelines.measurement.rollup.daily import FIRST_PARTY
-from marketing_pipelines.redact import spreadsheet_safe, visible_controls
+from marketing_pipelines.redact import spreadsheet_safe, visible_cell, visible_controls
 
 FORMATS = ("table", "csv", "json")
 CSV_COLUMNS = (
@@ -87,7 +87,7 @@ def _without(row: dict[str, Any]) -> dict[str, Any]:
 
 def render_table(report: MeasurementReport) -> str:
     span = f"{report.start} .. {report.end}" if report.start else "no rolled-up days"
-    lines = [f"Campaign {visible_controls(report.campaign_id)}, {span} (UTC days)", ""]
+    lines = [f"Campaign {visible_cell(report.campaign_id)}, {span} (UTC days)", ""]
     if not report.daily:
         lines.append("No rollup rows in this range: materialize measurement_daily_rollup for these days.")
         return "\n".join(lines)
@@ -125,8 +125,9 @@ def render_table(report: MeasurementReport) -> str:
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    # Stages, event types and sources are loaded text: their controls are written visibly, as in every CLI table.
-    cells = [header, *[[visible_controls(str(c)) for c in row] for row in rows]]
+    # Stages, event types and sources are loaded text: their controls, tabs and line breaks are written
+    # visibly, as in every CLI table, so a stage name cannot add a row.
+    cells = [header, *[[visible_cell(str(c)) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     numeric = {
         i for i in range(len(header)) if header[i] in ("raw_count", "unique_actors", "from_previous", "from_first")
