@@ -17,6 +17,7 @@ from marketing_pipelines.db.engine import DatabaseUnavailable, get_engine
 from marketing_pipelines.db.schema_version import SchemaNotReady, ensure_schema_current
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.redact import visible_controls
+from marketing_pipelines.sealing import SealingError
 from marketing_pipelines.settings import Settings, SettingsError, load_settings
 
 KNOWN_ERRORS: tuple[type[Exception], ...] = (
@@ -24,6 +25,7 @@ KNOWN_ERRORS: tuple[type[Exception], ...] = (
     SchemaNotReady,
     DatabaseUnavailable,
     SettingsError,
+    SealingError,
 )
 
 
