@@ -18,9 +18,12 @@ def db() -> None:
 def db_upgrade() -> None:
     """Apply all migrations (creates the SQLite file on first use).
 
+    On PostgreSQL, MARKETING_DATABASE_URL names the database (postgresql://USER@HOST:5432/NAME), as a role
+    that may change its schema: deploy/migrate.sh runs this as MARKETING_MIGRATOR.
+
     \b
     Example:
-      MARKETING_DATABASE_URL=postgresql://app@db:5432/marketing marketing-pipelines db upgrade
+      marketing-pipelines db upgrade
     """
     # Alembic is slow to import: only the commands that migrate or ask it pay, not `--help`.
     from marketing_pipelines.db.migrate import current_revision, upgrade
