@@ -19,8 +19,9 @@ import pytest
 
 from marketing_pipelines.cli import COMMANDS, SUMMARIES, main
 
-# Libraries that cost a read command 0.1-1 s each to import and that none of them uses.
-HEAVY = ("alembic", "dagster", "httpx", "jsonschema", "pandas")
+# Libraries that cost a read command 0.01-1 s each to import and that none of them uses (dagster_shared: the
+# warning classes only the demo needs).
+HEAVY = ("alembic", "dagster", "dagster_shared", "httpx", "jsonschema", "pandas")
 
 RUN_AND_LIST_MODULES = """
 import json, sys
@@ -83,6 +84,12 @@ def test_the_summaries_help_lists_are_the_commands_own_first_lines() -> None:
     commands = {name: main.get_command(ctx, name) for name in COMMANDS}
     own = {name: command.get_short_help_str(limit=1000) for name, command in commands.items() if command is not None}
     assert own == SUMMARIES
+
+
+@pytest.mark.parametrize("args", [("agents", "list"), ("agents", "show", "1"), ("agents", "cancel", "1")], ids=" ".join)
+def test_reading_agent_runs_loads_no_agent_catalog(sqlite_url: str, args: tuple[str, ...]) -> None:
+    # The catalog's tools import the executions queue and its models: only requesting or retrying needs them.
+    assert "marketing_pipelines.agents.catalog" not in modules_after(sqlite_url, *args)
 
 
 def free_port() -> int:

@@ -7,15 +7,14 @@ One module per command group: ``db``, ``campaigns``, ``executions``, ``webhooks`
 report), ``agents`` (users, agents, limits) and ``local`` (ui, demo); ``common`` holds what they share. A
 group's module is imported only when that group runs (``COMMANDS``); ``--help`` lists them from ``SUMMARIES``,
 importing none, and ``common`` loads only Click at import. None of them imports Dagster at load time: commands
-that need it import it when they run. Inside a group's module, each command imports the domain modules it runs
-in its body, so its sibling commands do not load them (scheduling an execution loads no agent provider,
-listing users no rollup sketches); the standard library and ``cli.common`` come at the top. A read command
-thus starts in a fraction of a second (benchmarks/cli_latency.py).
+that need it import it when they run (only ``demo`` in-process: it quiets Dagster's beta warnings). Inside a
+group's module, each command imports the domain modules it runs in its body, so its sibling commands do not
+load them (scheduling an execution loads no agent provider, listing users no rollup sketches); the standard
+library and ``cli.common`` come at the top. A read command thus starts in a fraction of a second
+(benchmarks/cli_latency.py).
 """
 
 from __future__ import annotations
-
-import warnings
 
 import click
 
@@ -73,10 +72,3 @@ def main() -> None:
     Example, from nothing to a finished run:
       marketing-pipelines demo
     """
-    # The warning classes dagster re-exports, without importing dagster itself (about a second, which every
-    # command would pay though most never run Dagster); here, not at the top, so that `--help` skips it too.
-    from dagster_shared.utils.warnings import BetaWarning, PreviewWarning
-
-    # Dagster flags its own beta parameters on every load; they say nothing to a CLI user.
-    warnings.filterwarnings("ignore", category=BetaWarning)
-    warnings.filterwarnings("ignore", category=PreviewWarning)
