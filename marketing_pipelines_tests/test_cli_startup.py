@@ -53,6 +53,7 @@ def heavy_modules_after(db_url: str, *args: str) -> list[str]:
     "args",
     [
         ("--help",),
+        ("db", "current"),
         ("executions", "list"),
         ("executions", "show", "1"),
         ("executions", "schedule", "--campaign", "none", "--stage", "launch", "--action", "log", "--due", "now"),
