@@ -61,6 +61,7 @@ class FriendlyGroup(click.Group):
 
 
 def visible(text: str) -> str:
+    """``redact.visible_controls``: imported when text is shown (redaction compiles its patterns on import)."""
     from marketing_pipelines.redact import visible_controls
 
     return visible_controls(text)
