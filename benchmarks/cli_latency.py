@@ -11,6 +11,10 @@ source on every run, which a user's install never does; the children write their
 temp PYTHONPYCACHEPREFIX instead (the warm-up fills it).
 
     python benchmarks/cli_latency.py --runs 7
+
+With ``--baseline DIR`` (a checkout of another commit, e.g. ``git worktree add /tmp/base 68b5d47``), each
+command also runs from that code (DIR first on PYTHONPATH, the same script and database), alternating
+run by run, and the ratio new / baseline is printed: the load of the machine then weighs on both alike.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ SCRIPT = Path(sys.executable).parent / "marketing-pipelines"
 
 COMMANDS: list[list[str]] = [
     ["--help"],
+    ["db", "current"],
     ["executions", "list"],
     ["executions", "show", "1"],
     ["agents", "list"],
@@ -41,6 +46,7 @@ COMMANDS: list[list[str]] = [
     ["campaigns", "list"],
     ["report", "--campaign", "spring-launch"],
     ["status"],
+    ["status", "--json"],
     ["executions", "schedule", "--campaign", "spring-launch", "--stage", "launch", "--action", "log", "--due", "now"],
 ]
 
@@ -84,6 +90,7 @@ def seed(env: dict[str, str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--baseline", type=Path, default=None, help="a checkout of the code to compare with")
     args = parser.parse_args()
     if not SCRIPT.exists():
         raise SystemExit(f"no {SCRIPT}: install the package (pip install -e .) into this interpreter's environment")
@@ -92,19 +99,37 @@ def main() -> None:
     env["MARKETING_DATABASE_URL"] = f"sqlite:///{folder / 'cli.db'}"
     if env.pop("PYTHONDONTWRITEBYTECODE", None):
         env["PYTHONPYCACHEPREFIX"] = str(folder / "pycache")
+    start_load = os.getloadavg()[0]
     try:
         seed(env)
         rows = []
         floor = [run([sys.executable, "-c", "pass"], env) for _ in range(args.runs)]
         rows.append(["python -c pass", statistics.median(floor) * 1000, statistics.median(floor) / CEILING_S])
+        base_env = None if args.baseline is None else {**env, "PYTHONPATH": str(args.baseline.resolve())}
         for command in COMMANDS:
-            run([str(SCRIPT), *command], env)  # warm-up (bytecode, page cache)
-            times = [run([str(SCRIPT), *command], env) for _ in range(args.runs)]
+            argv = [str(SCRIPT), *command]
+            times, base_times = [], []
+            run(argv, env, check=False)  # warm-up (bytecode, page cache)
+            if base_env is not None:
+                run(argv, base_env, check=False)
+            for _ in range(args.runs):
+                times.append(run(argv, env))
+                if base_env is not None:
+                    # Not checked: an older command may fail where this one works; its start-up still counts.
+                    base_times.append(run(argv, base_env, check=False))
             median = statistics.median(times)
-            rows.append([" ".join(command[:3]), median * 1000, median / CEILING_S])
+            row = [" ".join(command[:3]), median * 1000, median / CEILING_S]
+            if base_times:
+                row += [statistics.median(base_times) * 1000, median / statistics.median(base_times)]
+            rows.append(row)
+        if base_env is not None:
+            rows[0] += [rows[0][1], 1.0]
+        # Other processes on the machine slow every start-up alike (it is all CPU): the load says how quiet it was.
+        load = f"load average {start_load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+        columns = ["command", "median ms", "x of 0.5 s"]
         print_table(
-            f"marketing-pipelines (the installed script) on SQLite, median of {args.runs} runs",
-            ["command", "median ms", "x of 0.5 s"],
+            f"marketing-pipelines (the installed script) on SQLite, median of {args.runs} runs; {load}",
+            columns if base_env is None else [*columns, "baseline ms", "new / baseline"],
             rows,
         )
     finally:

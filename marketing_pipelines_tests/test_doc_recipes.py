@@ -33,7 +33,7 @@ def blocks(doc: Path) -> list[tuple[int, str, str | None]]:
     return [(text.count("\n", 0, m.start("body")) + 1, m.group("body"), m.group("why")) for m in BLOCK.finditer(text)]
 
 
-def _environment() -> dict[str, str]:
+def newcomer_environment() -> dict[str, str]:
     """A newcomer's: the installed commands on PATH, nothing of this project's configuration."""
     kept = {k: v for k, v in os.environ.items() if not k.startswith(("MARKETING_", "DAGSTER_", "PLAUSIBLE_"))}
     for name in ("GITHUB_TOKEN", "GITHUB_API_URL", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
@@ -45,7 +45,7 @@ def _environment() -> dict[str, str]:
 def test_every_bash_block_runs_as_written(doc: Path, tmp_path: Path) -> None:
     found = blocks(doc)
     assert found, f"{doc.name} has no bash block"
-    env = _environment()
+    env = newcomer_environment()
     runs = [(0, PRELUDE, None)] if doc.name != "README.md" else []
     for line, body, why in runs + found:
         if why is not None:

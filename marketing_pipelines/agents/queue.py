@@ -8,11 +8,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, get_agent
 from marketing_pipelines.agents.users import Grant, User, current_grants, grants_on_campaign, holds, require_user
 from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.lease import RETRYABLE, LeaseQueue, cancel
@@ -20,6 +19,12 @@ from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_r
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.settings import MODEL_PROVIDERS, Settings, current_settings
 from marketing_pipelines.strict_json import parse_json_object
+
+if TYPE_CHECKING:
+    from marketing_pipelines.agents.catalog import AgentDefinition
+
+# The catalog (its tools import the executions queue and its pydantic models, about 25 ms) is imported by the
+# functions that request or retry a run: `agents list`, `show` and `cancel` read rows only.
 
 AGENT_RUNS = LeaseQueue(
     table=agent_run,
@@ -111,6 +116,8 @@ def request_agent_run(
     not make inserts a REFUSED row (never claimed: a claim takes only QUEUED) and raises
     ``AgentRunRefused``, so a refusal leaves a trace that ``agents list`` shows.
     """
+    from marketing_pipelines.agents.catalog import get_agent
+
     definition = get_agent(agent)
     payload = _checked_request(definition, input, provider, max_run_seconds, max_attempts, settings)
     require_campaign(conn, campaign_id)
@@ -151,6 +158,8 @@ def requester_refusal(
     Only grants on the run's campaign are returned (a global one narrowed to it): they are what the
     run captures, so nothing the model is steered to ask can reach another campaign.
     """
+    from marketing_pipelines.agents.catalog import TOOLS
+
     grants = grants_on_campaign(current_grants(conn, user.id), campaign_id)
     if not user.active:
         return grants, f"user {user.id!r} is not active and cannot request agent runs"
@@ -236,6 +245,8 @@ def retry_agent_run(conn: sa.Connection, run_id: int, attempts: int = DEFAULT_MA
         raise InvalidInput(f"agent run {run_id} is {row['status']}; only FAILED or CANCELLED runs can be retried")
     # The provider's configuration is not checked here: what counts is the code location's, which
     # this process cannot see (a run whose provider is not configured fails at once, naming the fix).
+    from marketing_pipelines.agents.catalog import get_agent
+
     grants, refusal = requester_refusal(
         conn, require_user(conn, row["requested_by"]), row["campaign_id"], get_agent(row["agent"])
     )

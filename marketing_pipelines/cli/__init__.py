@@ -3,25 +3,20 @@
 Known failures (bad input, a missing schema, an unreachable database, a bad setting) end as
 one line on stderr naming the problem and the fix, with a non-zero exit; never a traceback.
 
-One module per command group: ``db``, ``campaigns``, ``executions``, ``webhooks``, ``measurement`` (events, report),
-``agents`` (users, agents, limits) and ``local`` (ui, demo); ``common`` holds what they share. A group's
-module is imported only when that group runs or ``--help`` lists it (``COMMANDS``), and none of them
-imports Dagster at load time: commands that need it import it when they run. Inside a group's module,
-each command imports the domain modules it runs in its body, so its sibling commands do not load them
-(scheduling an execution loads no agent provider, listing users no rollup sketches); the standard
+One module per command group: ``db``, ``campaigns``, ``executions``, ``webhooks``, ``measurement`` (events,
+report), ``agents`` (users, agents, limits) and ``local`` (ui, demo); ``common`` holds what they share. A
+group's module is imported only when that group runs (``COMMANDS``); ``--help`` lists them from ``SUMMARIES``,
+importing none, and ``common`` loads only Click at import. None of them imports Dagster at load time: commands
+that need it import it when they run (only ``demo`` in-process: it quiets Dagster's beta warnings). Inside a
+group's module, each command imports the domain modules it runs in its body, so its sibling commands do not
+load them (scheduling an execution loads no agent provider, listing users no rollup sketches); the standard
 library and ``cli.common`` come at the top. A read command thus starts in a fraction of a second
 (benchmarks/cli_latency.py).
 """
 
 from __future__ import annotations
 
-import warnings
-
 import click
-
-# The warning classes dagster re-exports, without importing dagster itself: that import alone takes about a
-# second, which every command would pay (events load of a big file included) though most never run Dagster.
-from dagster_shared.utils.warnings import BetaWarning, PreviewWarning
 
 from marketing_pipelines.cli.common import LazyGroup
 
@@ -44,7 +39,30 @@ COMMANDS = {
 }
 
 
-@click.group(cls=LazyGroup, lazy_commands=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+# What `--help` lists for each, so that listing them imports none: the first line of its help.
+SUMMARIES = {
+    "db": "Create or upgrade the application database schema.",
+    "campaigns": "Add and list campaigns.",
+    "executions": "Schedule and inspect campaign executions (claimed by due_executions_sensor when due).",
+    "webhooks": "Registered webhook endpoints: sealed URLs, Standard Webhooks signatures.",
+    "ui": "Open the Dagster UI (dagster dev) on the demo's instance and database.",
+    "demo": "Seed the embedded database and drive the whole path on a real Dagster instance.",
+    "events": "Load first-party marketing events into the measurement tables.",
+    "report": "Counts, unique actors, a daily series and the funnel of a campaign, from the daily rollup.",
+    "users": "Add users and grant them permissions (optionally on one campaign).",
+    "agents": "Queue AI agent runs (run later by agent_run_job as the requesting user) and inspect them.",
+    "limits": "Show or set the per-provider model-call token buckets.",
+    "status": "How many executions are due and agent runs queued, how long the oldest waits, what runs and what "
+    "failed.",
+}
+
+
+@click.group(
+    cls=LazyGroup,
+    lazy_commands=COMMANDS,
+    summaries=SUMMARIES,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 def main() -> None:
     """Scheduled campaign executions, queued AI agent runs and campaign measurement on Dagster.
 
@@ -54,6 +72,3 @@ def main() -> None:
     Example, from nothing to a finished run:
       marketing-pipelines demo
     """
-    # Dagster flags its own beta parameters on every load; they say nothing to a CLI user.
-    warnings.filterwarnings("ignore", category=BetaWarning)
-    warnings.filterwarnings("ignore", category=PreviewWarning)

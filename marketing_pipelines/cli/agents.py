@@ -213,7 +213,7 @@ def agents_show(agent_run_id: int, as_json: bool) -> None:
 
     \b
     Example:
-      marketing-pipelines agents show 12
+      marketing-pipelines agents show 1
     """
     from marketing_pipelines.agents.queue import require_agent_run, transcript
 
@@ -258,7 +258,7 @@ def agents_retry(agent_run_id: int, max_attempts: int | None) -> None:
 
     \b
     Example:
-      marketing-pipelines agents retry 12
+      marketing-pipelines agents retry 1
     """
     from marketing_pipelines.agents.queue import DEFAULT_MAX_ATTEMPTS, retry_agent_run
 
@@ -277,7 +277,7 @@ def agents_cancel(agent_run_id: int) -> None:
 
     \b
     Example:
-      marketing-pipelines agents cancel 12
+      marketing-pipelines agents cancel 1
     """
     from marketing_pipelines.agents.queue import cancel_agent_run
 

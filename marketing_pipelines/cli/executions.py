@@ -162,7 +162,7 @@ def executions_cancel(execution_id: int) -> None:
 
     \b
     Example:
-      marketing-pipelines executions cancel 42
+      marketing-pipelines executions cancel 1
     """
     from marketing_pipelines.executions.queue import cancel_execution
 
@@ -203,7 +203,7 @@ def executions_retry(
 
     \b
     Examples:
-      marketing-pipelines executions retry 42
+      marketing-pipelines executions retry 1
       marketing-pipelines executions retry --failed --campaign spring-launch --since 2026-12-01T00:00:00+00:00
     """
     from marketing_pipelines.executions.queue import parse_time, retry_execution, retry_executions
@@ -263,7 +263,7 @@ def executions_show(execution_id: int, with_body: bool, as_json: bool) -> None:
 
     \b
     Example:
-      marketing-pipelines executions show 42
+      marketing-pipelines executions show 1
     """
     from marketing_pipelines.executions.queue import get_execution, list_attempts
 

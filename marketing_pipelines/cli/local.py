@@ -68,6 +68,14 @@ def demo_command(days: int) -> None:
     Example:
       marketing-pipelines demo
     """
+    import warnings
+
+    # The one command that loads Dagster in this process. Dagster flags its own beta parameters on every
+    # load; they say nothing to a CLI user. Here, not at the CLI's start: that import cost every command 10 ms.
+    from dagster_shared.utils.warnings import BetaWarning, PreviewWarning
+
     from marketing_pipelines.demo import run_demo
 
+    warnings.filterwarnings("ignore", category=BetaWarning)
+    warnings.filterwarnings("ignore", category=PreviewWarning)
     run_demo(days=days, echo=click.echo)

@@ -55,8 +55,8 @@ def webhooks_add(name: str, url: str, campaign_id: str | None, as_json: bool) ->
     \b
     Example:
       marketing-pipelines webhooks add crm --url https://crm.example.com/hooks/marketing
-      marketing-pipelines executions schedule spring-launch --stage launch --action webhook \\
-        --payload '{"endpoint": "crm", "body": {"event": "launched"}}'
+      marketing-pipelines executions schedule --campaign spring-launch --stage launch --action webhook \\
+        --due now --payload '{"endpoint": "crm", "body": {"event": "launched"}}'
     """
     box = _box()
     with ready_conn() as conn:

@@ -106,7 +106,10 @@ def rotate_endpoint(
     row = conn.execute(sa.select(t.c.secret_sealed).where(t.c.name == _checked_name(name)).with_for_update()).first()
     if row is None:
         raise InvalidInput(f"no webhook endpoint named {name!r}")
-    box.open(row.secret_sealed)  # refuse before writing when the key cannot open what is stored
+    try:
+        box.open(row.secret_sealed)  # refuse before writing when the key cannot open what is stored
+    except SealingError as exc:
+        raise SealingError(f"webhook endpoint {name!r}: {exc}; nothing was changed") from None
     secret = new_signing_secret()
     conn.execute(
         sa.update(t)
@@ -130,18 +133,26 @@ def reseal_endpoints(conn: sa.Connection, box: SecretBox) -> int:
     """Seal every stored value again under the first key of MARKETING_SECRETS_KEY; returns rows resealed."""
     t = webhook_endpoint
     rows = conn.execute(
-        sa.select(t.c.name, t.c.url_sealed, t.c.secret_sealed, t.c.previous_secret_sealed).with_for_update()
+        sa.select(t.c.name, t.c.url_sealed, t.c.secret_sealed, t.c.previous_secret_sealed)
+        .order_by(t.c.name)
+        .with_for_update()
     ).all()
     for row in rows:
-        conn.execute(
-            sa.update(t)
-            .where(t.c.name == row.name)
-            .values(
-                url_sealed=box.reseal(row.url_sealed),
-                secret_sealed=box.reseal(row.secret_sealed),
-                previous_secret_sealed=box.reseal(row.previous_secret_sealed) if row.previous_secret_sealed else None,
-            )
-        )
+        try:
+            values = {
+                "url_sealed": box.reseal(row.url_sealed),
+                "secret_sealed": box.reseal(row.secret_sealed),
+                "previous_secret_sealed": box.reseal(row.previous_secret_sealed)
+                if row.previous_secret_sealed
+                else None,
+            }
+        except SealingError as exc:
+            # The caller's transaction rolls back the endpoints resealed before this one: all or nothing.
+            raise SealingError(
+                f"webhook endpoint {row.name!r}: {exc}; give the key it was sealed with after the new one "
+                "(new,old) to reseal; nothing was changed"
+            ) from None
+        conn.execute(sa.update(t).where(t.c.name == row.name).values(**values))
     return len(rows)
 
 

@@ -498,16 +498,23 @@ def read_schedule_file(stream: IO[bytes]) -> list[ParsedLine | LineError]:
     """
     lines: list[ParsedLine | LineError] = []
     number = total = 0
-    while raw := stream.readline(MAX_LINE_BYTES + 1):
+
+    def read_chunk() -> bytes:
+        # The size is checked after every bounded read, the skipped rest of a long line included: a stream
+        # with no newline at all (stdin from /dev/zero) is one endless line and must still stop at the bound.
+        nonlocal total
+        chunk = stream.readline(MAX_LINE_BYTES + 1)
+        total += len(chunk)
+        if total > MAX_FILE_BYTES:
+            raise InvalidInput(f"file is larger than {MAX_FILE_BYTES // 2**20} MiB; split it (nothing was scheduled)")
+        return chunk
+
+    while raw := read_chunk():
         number += 1
-        total += len(raw)
         too_long = len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n")
         rest = raw if too_long else b""
         while rest and not rest.endswith(b"\n"):  # skip the rest of the long line, a bounded chunk at a time
-            rest = stream.readline(MAX_LINE_BYTES + 1)
-            total += len(rest)
-        if total > MAX_FILE_BYTES:
-            raise InvalidInput(f"file is larger than {MAX_FILE_BYTES // 2**20} MiB; split it (nothing was scheduled)")
+            rest = read_chunk()
         if too_long:
             lines.append(LineError(number, f"is longer than {MAX_LINE_BYTES // 1024} KiB"))
         elif raw.strip():

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.schema import marketing_execution
+from marketing_pipelines.db.schema import marketing_execution, webhook_endpoint
 from marketing_pipelines.executions.queue import schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.webhook import WebhookClient
@@ -117,3 +117,31 @@ def test_a_run_that_cannot_open_an_endpoint_names_the_key_file_it_read(
         ).scalar_one()
     assert f"none of the keys from the key file {key_file}" in error
     assert "MARKETING_SECRETS_KEY" not in error
+
+
+def _sealed_rows(sqlite_url: str) -> list[tuple[object, ...]]:
+    with get_engine(sqlite_url).connect() as conn:
+        return [tuple(r) for r in conn.execute(sa.select(webhook_endpoint).order_by(webhook_endpoint.c.name))]
+
+
+@pytest.mark.parametrize("command", [("webhooks", "rotate", "crm"), ("webhooks", "reseal")], ids=" ".join)
+@pytest.mark.parametrize("from_file", [False, True], ids=["variable", "key file"])
+def test_a_key_that_opens_nothing_is_one_line_naming_its_source_and_changes_nothing(
+    sqlite_url: str, command: tuple[str, ...], from_file: bool
+) -> None:
+    sealing_key, other_key = new_key(), new_key()
+    cli_for(sqlite_url, MARKETING_SECRETS_KEY=sealing_key)("webhooks", "add", "crm", "--url", "https://h.example/x")
+    cli_for(sqlite_url, MARKETING_SECRETS_KEY=sealing_key)("webhooks", "add", "erp", "--url", "https://e.example/y")
+    before = _sealed_rows(sqlite_url)
+    if from_file:
+        source = f"the key file {_key_file(sqlite_url, other_key)}"
+        cli = cli_for(sqlite_url, MARKETING_SECRETS_KEY="")
+    else:
+        source = "MARKETING_SECRETS_KEY"
+        cli = cli_for(sqlite_url, MARKETING_SECRETS_KEY=other_key)
+    refused = cli(*command)
+    assert refused.exit_code == 1
+    [line] = refused.output.splitlines()
+    assert line.startswith("Error: webhook endpoint 'crm': a stored secret opens with none of the keys from " + source)
+    assert line.endswith("nothing was changed")
+    assert _sealed_rows(sqlite_url) == before

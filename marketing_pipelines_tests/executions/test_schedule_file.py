@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,7 @@ from click.testing import CliRunner
 
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.schema import marketing_execution as t
-from marketing_pipelines.executions.queue import MAX_FILE_LINES, MAX_LINE_BYTES, MAX_PAYLOAD_BYTES
+from marketing_pipelines.executions.queue import MAX_FILE_BYTES, MAX_FILE_LINES, MAX_LINE_BYTES, MAX_PAYLOAD_BYTES
 from marketing_pipelines_tests.cli_runner import Cli, cli_for
 from marketing_pipelines_tests.factories import add_campaign
 
@@ -133,6 +136,26 @@ def test_a_file_past_the_line_limit_schedules_nothing(engine: sa.Engine, cli: Cl
     result = cli("executions", "schedule", "--file", _write(tmp_path, *[_line()] * (MAX_FILE_LINES + 1)))
     assert result.exit_code == 1
     assert result.output == f"Error: file has more than {MAX_FILE_LINES} lines; split it (nothing was scheduled)\n"
+    assert _rows(engine) == []
+
+
+def test_an_endless_stream_without_newlines_stops_at_the_size_bound(engine: sa.Engine, db_url: str) -> None:
+    """stdin from /dev/zero never ends and holds no newline: one endless line, refused at MAX_FILE_BYTES."""
+    add_campaign(engine)
+    env = {**os.environ, "MARKETING_DATABASE_URL": db_url}
+    with open("/dev/zero", "rb") as zeros:
+        # The timeout is the failure: reading past the bound would run until the test is killed.
+        done = subprocess.run(
+            [sys.executable, "-m", "marketing_pipelines.cli", "executions", "schedule", "--file", "-"],
+            stdin=zeros,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+    assert done.returncode == 1
+    bound = MAX_FILE_BYTES // 2**20
+    assert done.stderr == f"Error: file is larger than {bound} MiB; split it (nothing was scheduled)\n"
     assert _rows(engine) == []
 
 
