@@ -6,16 +6,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import dagster as dg
 import datasketches
 import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
+from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.schema import marketing_execution
+from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import EXECUTIONS
 from marketing_pipelines.executions.sensors import executions_of_run
 from marketing_pipelines.measurement import sketches
+from marketing_pipelines.monitoring.alert_sensor import run_failures_after
+from marketing_pipelines.monitoring.alerts import Alert, describe_failed_runs, format_alert
 from marketing_pipelines.settings import Settings, env_name, load_settings
 
 
@@ -85,3 +90,16 @@ def sketch_of(actor_ids: Iterable[str]) -> datasketches.hll_sketch:
     for actor_id in actor_ids:
         sketch.update(actor_id)
     return sketch
+
+
+def alert_for_failed_runs(instance: dg.DagsterInstance, engine: sa.Engine) -> str:
+    """The alert text marketing_alerts_sensor would send for every failed run on ``instance``."""
+    failures, _ = run_failures_after(instance, 0)
+    with engine.connect() as conn:
+        failed = describe_failed_runs(
+            conn,
+            [(f.run_id, f.job_name, f.failed_at, f.reason) for f in failures],
+            marketing_execution_job.name,
+            agent_run_job.name,
+        )
+    return format_alert(Alert(failed))

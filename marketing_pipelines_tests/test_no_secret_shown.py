@@ -28,18 +28,15 @@ from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, agent_run_step, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.egress import EgressPolicy, parse_networks
-from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.http import ServiceError, send_with_retries
-from marketing_pipelines.monitoring.alert_sensor import run_failures_after
-from marketing_pipelines.monitoring.alerts import Alert, describe_failed_runs, format_alert
 from marketing_pipelines.redact import error_text, redact_text, redact_url, redact_urls, redact_value
 from marketing_pipelines.settings import SettingsError, load_settings
 from marketing_pipelines_tests.built import due_executions_sensor, queued_agent_runs_sensor
 from marketing_pipelines_tests.cli_runner import cli_for
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
-from marketing_pipelines_tests.factories import add_campaign, settings_from
+from marketing_pipelines_tests.factories import add_campaign, alert_for_failed_runs, settings_from
 from marketing_pipelines_tests.webserver import Received, Recorder, webhook_server
 
 USERINFO_SECRET = "PW_SECRET_1"
@@ -203,15 +200,7 @@ def _surfaces(engine: sa.Engine, db_url: str, instance: dg.DagsterInstance) -> d
     for run in instance.get_runs():
         # Every event whole: its message, metadata (outcome table, transcript, output), failure and error info.
         surfaces[f"run {run.run_id} events"] = "\n".join(dg.serialize_value(e) for e in instance.all_logs(run.run_id))
-    failures, _ = run_failures_after(instance, 0)
-    with engine.connect() as conn:
-        failed = describe_failed_runs(
-            conn,
-            [(f.run_id, f.job_name, f.failed_at, f.reason) for f in failures],
-            marketing_execution_job.name,
-            agent_run_job.name,
-        )
-    surfaces["alert"] = format_alert(Alert(failed))
+    surfaces["alert"] = alert_for_failed_runs(instance, engine)
     return surfaces
 
 

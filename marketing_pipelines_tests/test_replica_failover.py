@@ -142,18 +142,11 @@ def _haproxy_command(socket_path: Path, command: str) -> str:
         return sock.makefile().read()
 
 
-@pytest.mark.parametrize("lost", ["process", "host", "drained"])
-def test_a_replica_killed_while_work_is_launched_costs_no_execution_and_no_lease(
-    lost: str, pg_url: str, dagster_pg: tuple[str, dict[str, str]], hook: Recorder, tmp_path: Path
-) -> None:
-    haproxy = shutil.which("haproxy")
-    if haproxy is None:
-        pytest.skip("haproxy is not installed (Debian: apt-get install haproxy)")
-    engine = get_engine(pg_url)
-    due = _due_webhooks(engine, hook.url, EXECUTIONS)
-    dagster_url, dagster_env = dagster_pg
-    dagster = get_engine(dagster_url)
-
+def _deployment(
+    tmp_path: Path, pg_url: str, dagster_env: dict[str, str], per_run: int, batch: int
+) -> tuple[dict[str, str], list[int]]:
+    """deploy/'s files in ``tmp_path``, Dagster's tables migrated as the runbook does; (every process's
+    environment, the two replicas' ports)."""
     home = tmp_path / "dagster_home"
     home.mkdir()
     shutil.copy(REPO_ROOT / "deploy" / "dagster.yaml", home / "dagster.yaml")
@@ -164,8 +157,8 @@ def test_a_replica_killed_while_work_is_launched_costs_no_execution_and_no_lease
         MARKETING_DATABASE_URL=pg_url,
         MARKETING_WEBHOOK_ALLOW_NETWORKS="127.0.0.1/32",
         MARKETING_SENSOR_INTERVAL_SECONDS=str(SENSOR_INTERVAL),
-        MARKETING_EXECUTIONS_PER_RUN=str(PER_RUN),
-        MARKETING_SENSOR_BATCH_SIZE=str(2 * PER_RUN),
+        MARKETING_EXECUTIONS_PER_RUN=str(per_run),
+        MARKETING_SENSOR_BATCH_SIZE=str(batch),
         CODE_SERVERS_HOST="127.0.0.1",
         CODE_SERVERS_PORT=str(balancer),
         CODE_SERVERS_BIND=f"127.0.0.1:{balancer}",
@@ -180,6 +173,22 @@ def test_a_replica_killed_while_work_is_launched_costs_no_execution_and_no_lease
         [dagster_bin("dagster"), "instance", "migrate"], env=env, cwd=tmp_path, capture_output=True, timeout=180
     )
     assert migrate.returncode == 0, migrate.stdout.decode() + migrate.stderr.decode()
+    return env, replica_ports
+
+
+@pytest.mark.parametrize("lost", ["process", "host", "drained"])
+def test_a_replica_killed_while_work_is_launched_costs_no_execution_and_no_lease(
+    lost: str, pg_url: str, dagster_pg: tuple[str, dict[str, str]], hook: Recorder, tmp_path: Path
+) -> None:
+    haproxy = shutil.which("haproxy")
+    if haproxy is None:
+        pytest.skip("haproxy is not installed (Debian: apt-get install haproxy)")
+    engine = get_engine(pg_url)
+    due = _due_webhooks(engine, hook.url, EXECUTIONS)
+    dagster_url, dagster_env = dagster_pg
+    dagster = get_engine(dagster_url)
+
+    env, replica_ports = _deployment(tmp_path, pg_url, dagster_env, PER_RUN, 2 * PER_RUN)
 
     web_port = free_port()
     web = f"http://127.0.0.1:{web_port}"
@@ -315,31 +324,7 @@ def test_a_replica_that_dies_after_its_claim_commits_strands_nothing(
     due = _due_webhooks(engine, hook.url, 20)
     dagster_url, dagster_env = dagster_pg
     dagster = get_engine(dagster_url)
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    shutil.copy(REPO_ROOT / "deploy" / "dagster.yaml", home / "dagster.yaml")
-    shutil.copy(REPO_ROOT / "deploy" / "workspace.yaml", tmp_path / "workspace.yaml")
-    balancer, replica_ports, stats = free_port(), [free_port(), free_port()], free_port()
-    env = child_env(
-        DAGSTER_HOME=str(home),
-        MARKETING_DATABASE_URL=pg_url,
-        MARKETING_WEBHOOK_ALLOW_NETWORKS="127.0.0.1/32",
-        MARKETING_SENSOR_INTERVAL_SECONDS=str(SENSOR_INTERVAL),
-        MARKETING_EXECUTIONS_PER_RUN="5",
-        MARKETING_SENSOR_BATCH_SIZE="10",
-        CODE_SERVERS_HOST="127.0.0.1",
-        CODE_SERVERS_PORT=str(balancer),
-        CODE_SERVERS_BIND=f"127.0.0.1:{balancer}",
-        CODE_SERVER_1=f"127.0.0.1:{replica_ports[0]}",
-        CODE_SERVER_2=f"127.0.0.1:{replica_ports[1]}",
-        HAPROXY_STATS_BIND=f"127.0.0.1:{stats}",
-        HAPROXY_ADMIN_SOCKET=str(tmp_path / "haproxy.sock"),
-        **dagster_env,
-    )
-    migrate = subprocess.run(
-        [dagster_bin("dagster"), "instance", "migrate"], env=env, cwd=tmp_path, capture_output=True, timeout=180
-    )
-    assert migrate.returncode == 0, migrate.stdout.decode() + migrate.stderr.decode()
+    env, replica_ports = _deployment(tmp_path, pg_url, dagster_env, per_run=5, batch=10)
 
     locker = engine.connect()
     lock = locker.begin()

@@ -14,16 +14,12 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
-from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.queue import get_agent_run, request_agent_run, transcript
-from marketing_pipelines.executions.jobs import marketing_execution_job
-from marketing_pipelines.monitoring.alert_sensor import run_failures_after
-from marketing_pipelines.monitoring.alerts import Alert, describe_failed_runs, format_alert
 from marketing_pipelines.redact import redact_text, redact_value, remember_secrets, shown_text
 from marketing_pipelines.settings import load_settings
 from marketing_pipelines_tests.agents.fake_models import rejecting_models
 from marketing_pipelines_tests.agents.runs import run_one
-from marketing_pipelines_tests.factories import add_campaign, settings_from
+from marketing_pipelines_tests.factories import add_campaign, alert_for_failed_runs, settings_from
 
 # Shaped like each provider's keys; nothing else in the run holds them.
 KEYS = {
@@ -62,19 +58,12 @@ def test_a_key_the_provider_echoes_shows_nowhere(
         steps = transcript(conn, agent_run_id)
     assert row is not None and row["status"] == "FAILED"
     assert "credentials rejected (HTTP 401)" in row["error"] and "***" in row["error"]
-    failures, _ = run_failures_after(instance, 0)
-    with engine.connect() as conn:
-        failed = describe_failed_runs(
-            conn,
-            [(f.run_id, f.job_name, f.failed_at, f.reason) for f in failures],
-            marketing_execution_job.name,
-            agent_run_job.name,
-        )
+    alert = alert_for_failed_runs(instance, engine)
     surfaces = {
         "agent_run.error": row["error"],
         "transcript": json.dumps([dict(s) for s in steps], default=str),
         "event log": "\n".join(dg.serialize_value(e) for e in instance.all_logs(result.run_id)),
-        "alert": format_alert(Alert(failed)),
+        "alert": alert,
     }
     assert "credentials rejected" in surfaces["alert"]
     # The key whole, and enough of it to be useful: its part after the provider's prefix.
