@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import UTC, date, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 
+from marketing_pipelines import run_tags
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.queue import AgentRunRefused, list_agent_runs, request_agent_run
 from marketing_pipelines.db.campaigns import upsert_campaign
@@ -177,7 +178,7 @@ def run_demo(days: int = 7, echo: Echo = print, settings: Settings | None = None
                 echo("[3/4] Nothing to run: the executions ran, the days are rolled up, the agent runs were requested")
                 requested = _queue_agent_runs(engine, settings, echo)
             else:
-                requested = _run_on_the_daemon(instance, engine, settings, home, scheduled, missing, echo)
+                requested = _run_on_the_daemon(instance, engine, settings, home, scheduled, missing, runs_before, echo)
             _echo_runs(instance, runs_before, echo)
         signed = f", {_verified(secret, received)} with a valid signature" if secret else ""
         echo(f"      the webhook receiver got {len(received)} request(s){signed}")
@@ -193,6 +194,7 @@ def _run_on_the_daemon(
     home: Path,
     scheduled: list[int],
     missing: list[date],
+    runs_before: set[str],
     echo: Echo,
 ) -> list[int]:
     """The rollup of the missing days, then the agent runs, all run by a daemon; the agent run ids."""
@@ -204,11 +206,15 @@ def _run_on_the_daemon(
     else:
         echo(f"[3/4] A code server and a dagster-daemon on {home} (logs: {home / 'local-processes.log'})")
     env = local_environment(settings, home, measurement_start(settings))
-    with code_location(instance, env, start_daemon=not ui_daemon) as workspace:
+    # A code server for the demo's own daemon, or for `dagster job launch`; with the UI's daemon up and no
+    # day to roll up, neither is needed.
+    wanted = code_location(instance, env, start_daemon=not ui_daemon) if missing or not ui_daemon else nullcontext()
+    with wanted as workspace:
         if missing:
             # The rollup first, so the agents' read_measurement tool finds it: a range of days in one run,
             # as a backfill runs them (split as the backfill policy splits them).
             ranges = rollup_ranges(dict.fromkeys(missing, 0), settings.backfill_days_per_run)
+            assert workspace is not None
             launched = [_launch_rollup(workspace, env, r.first, r.last) for r in ranges]
             echo(f"      launched {ROLLUP_JOB} for {', '.join(r.span for r in ranges)} (dagster job launch)")
             for asset, how in left_out_importers(settings).items():
@@ -216,15 +222,15 @@ def _run_on_the_daemon(
             _wait_for_runs(instance, launched, echo)
         requested = _queue_agent_runs(engine, settings, echo)
         _wait_for_daemon(engine, scheduled, requested, echo)
-        # Every run this demo caused ends before the code server that launched its worker stops.
-        _wait_for_runs(instance, [r.run_id for r in instance.get_runs() if not r.is_finished], echo)
+        # Every run this demo caused ends before the code server that launched its worker stops (not the
+        # runs someone else started from the UI meanwhile).
+        _wait_for_runs(instance, [r.run_id for r in instance.get_runs() if r.run_id not in runs_before], echo)
     return requested
 
 
 # The demo launches this job's run itself, as an operator's backfill or `dagster job launch` would; the
 # claiming sensors launch every other run.
 ROLLUP_JOB = "measurement_rollup_job"
-DEMO_LAUNCH_TAG = "marketing/launched_by"
 
 
 def _missing_days(instance: dg.DagsterInstance, day_list: list[date]) -> list[date]:
@@ -236,7 +242,7 @@ def _missing_days(instance: dg.DagsterInstance, day_list: list[date]) -> list[da
 def _launch_rollup(workspace: Path, env: dict[str, str], first: date, last: date) -> str:
     """One run of the rollup over first..last through the instance's run queue; its run id."""
     run_id = str(uuid.uuid4())
-    tags = {DEMO_LAUNCH_TAG: "marketing-pipelines demo"}
+    tags = {run_tags.LAUNCHED_BY: "marketing-pipelines demo"}
     if first == last:
         tags["dagster/partition"] = first.isoformat()
     else:
@@ -271,7 +277,7 @@ def _echo_runs(instance: dg.DagsterInstance, before: set[str], echo: Echo) -> No
     echo(f"      {len(runs)} run(s) on the instance" + (":" if runs else " (nothing was due)"))
     for run in runs:
         sensor = run.tags.get("dagster/sensor_name")
-        by = f"sensor {sensor}" if sensor else run.tags.get(DEMO_LAUNCH_TAG, "someone else")
+        by = f"sensor {sensor}" if sensor else run.tags.get(run_tags.LAUNCHED_BY, "someone else")
         echo(f"        run {run.run_id[:8]} {run.job_name:<24} {run.status.value:<8} launched by {by}")
 
 

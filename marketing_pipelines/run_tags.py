@@ -26,3 +26,6 @@ ATTEMPT = "marketing/attempt"
 
 # measurement_rollup_job's runs started by measurement_late_events_sensor.
 LATE_EVENTS = "marketing/late_events"
+
+# measurement_rollup_job's runs that `marketing-pipelines demo` launched (with `dagster job launch`), by name.
+LAUNCHED_BY = "marketing/launched_by"
