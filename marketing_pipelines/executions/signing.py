@@ -3,17 +3,20 @@
 A receiver verifies ``webhook-signature`` against ``webhook-id``, ``webhook-timestamp`` and the
 exact body bytes with the endpoint's secret, e.g. with the reference ``standardwebhooks`` package,
 so it can tell our deliveries from anyone else's and refuse a replay older than its tolerance.
+The signature itself is the reference library's (``standardwebhooks.Webhook.sign``), the same code
+a receiver verifies with; this module decides what is signed and under which secrets.
 Pure functions: no database, no HTTP.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
 import secrets
+from datetime import UTC, datetime
 from typing import Any
+
+from standardwebhooks.webhooks import Webhook
 
 SECRET_PREFIX = "whsec_"
 SECRET_BYTES = 32
@@ -30,10 +33,8 @@ def body_bytes(body: Any) -> bytes:
 
 
 def signature(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
-    """``v1,<base64 HMAC-SHA256 of "id.timestamp.body">`` under one ``whsec_`` secret."""
-    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
-    signed = f"{message_id}.{timestamp}.".encode() + body
-    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode("ascii")
+    """``v1,<base64 HMAC-SHA256 of "id.timestamp.body">`` under one ``whsec_`` secret: the body's exact bytes."""
+    return Webhook(secret).sign(message_id, datetime.fromtimestamp(timestamp, UTC), body)
 
 
 def signature_header(secrets_in_force: list[str], message_id: str, timestamp: int, body: bytes) -> str:
