@@ -17,10 +17,14 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from datetime import date
 from pathlib import Path
-
-import dagster as dg
+from typing import TYPE_CHECKING
 
 from marketing_pipelines.settings import DEFAULT_DB_DIR, Settings
+
+if TYPE_CHECKING:
+    # Annotations only: `marketing-pipelines ui` reads this module and then execs dagster dev, which loads
+    # Dagster itself; importing it here first would cost that command about a second for nothing.
+    import dagster as dg
 
 # `dagster dev -m MODULE` and a workspace's python_module entry without a location_name both name the
 # location after its module: the demo's code server takes the same name, so its runs and ticks are the
@@ -70,10 +74,6 @@ def dagster_home(cwd: Path | None = None) -> Path:
     if not config.exists():
         config.write_text(DAGSTER_YAML)
     return home
-
-
-def local_instance() -> dg.DagsterInstance:
-    return dg.DagsterInstance.from_config(str(dagster_home()))
 
 
 def daemon_running(instance: dg.DagsterInstance, within_s: float = 60.0) -> bool:
