@@ -273,10 +273,8 @@ def _wait_for_runs(instance: dg.DagsterInstance, run_ids: list[str], echo: Echo,
 
 def _echo_runs(instance: dg.DagsterInstance, before: set[str], echo: Echo) -> None:
     """The runs this demo caused, as the UI's Runs page lists them: job, status, who launched it."""
-    runs = sorted(
-        (r for r in instance.get_runs() if r.run_id not in before),
-        key=lambda r: (instance.get_run_record_by_id(r.run_id).create_timestamp, r.run_id),  # type: ignore[union-attr]
-    )
+    # get_runs lists the newest first: reversed, in the order they were created.
+    runs = [r for r in reversed(instance.get_runs()) if r.run_id not in before]
     echo(f"      {len(runs)} run(s) on the instance" + (":" if runs else " (nothing was due)"))
     for run in runs:
         sensor = run.tags.get("dagster/sensor_name")
