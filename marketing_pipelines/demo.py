@@ -51,6 +51,7 @@ from marketing_pipelines.measurement.assets import RANGE_END_TAG, RANGE_START_TA
 from marketing_pipelines.measurement.demo import DEMO_CAMPAIGNS, demo_days, echo_reports, seed_demo_events
 from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.measurement.sensors import rollup_ranges
+from marketing_pipelines.redact import redact_text, visible_controls
 from marketing_pipelines.sealing import SecretBox, new_key
 from marketing_pipelines.settings import Settings, load_settings
 
@@ -256,7 +257,8 @@ def _launch_rollup(workspace: Path, env: dict[str, str], first: date, last: date
         [*argv, "--tags", json.dumps(tags)], env=env, capture_output=True, text=True, timeout=120, check=False
     )
     if done.returncode != 0:
-        last_line = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        # Dagster's own error line: it may quote a database URL from the environment, so shown redacted.
+        last_line = visible_controls(redact_text((done.stderr.strip().splitlines() or ["no output"])[-1]))
         raise RuntimeError(f"dagster job launch {ROLLUP_JOB} failed (exit {done.returncode}): {last_line}")
     return run_id
 
