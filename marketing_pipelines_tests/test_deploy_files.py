@@ -27,7 +27,7 @@ from packaging.specifiers import SpecifierSet
 from pydantic import SecretStr
 
 from marketing_pipelines.agents.providers.registry import PROVIDERS
-from marketing_pipelines.settings import Settings, env_name
+from marketing_pipelines.settings import Settings, env_name, is_secret
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "deploy" / "container" / "Dockerfile"
@@ -605,3 +605,88 @@ def test_a_moved_setting_stops_size_py_instead_of_printing_the_old_number(size_p
     template = INSTANCE.read_text(encoding="utf-8").replace("    max_concurrent_runs: 8\n", "    max_runs: 8\n")
     with pytest.raises(ValueError, match="expected one line matching"):
         size_py.render(size_py.sizing(8), template)
+
+
+# ---- the Docker stack (deploy/docker/) ---------------------------------------------------------------
+
+DOCKER_INSTANCE = ROOT / "deploy" / "docker" / "dagster.yaml"
+DOCKER_SETTINGS = ROOT / "deploy" / "docker" / "settings.env"
+# The storage's variables that are no secret; DAGSTER_PG_PASSWORD comes as a file, as every secret does.
+STORAGE_VARIABLES = {"DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_PG_DB"}
+
+
+def run_container_variables() -> set[str]:
+    """What a run container needs by name: every setting that is no secret, and the storage's address."""
+    return {env_name(field) for field in Settings.model_fields if not is_secret(field)} | STORAGE_VARIABLES
+
+
+def docker_instance_problems(docker_instance: Mapping[str, Any], instance: Mapping[str, Any]) -> list[str]:
+    """How deploy/docker/dagster.yaml strays from deploy/dagster.yaml plus a DockerRunLauncher with names only."""
+    where = "deploy/docker/dagster.yaml"
+    launcher = docker_instance.get("run_launcher") or {}
+    problems = []
+    if (launcher.get("module"), launcher.get("class")) != ("dagster_docker", "DockerRunLauncher"):
+        problems.append(f"{where} run_launcher is not dagster_docker.DockerRunLauncher")
+    named = list((launcher.get("config") or {}).get("env_vars") or [])
+    problems += [f"{where} env_vars gives {name.split('=')[0]} a value: name it only" for name in named if "=" in name]
+    problems += [f"{where} env_vars names the secret {name}: it comes as a file" for name in named if name in secrets()]
+    problems += [f"{where} env_vars lacks {name}" for name in sorted(run_container_variables() - set(named))]
+    problems += [
+        f"{where} env_vars names {name}, which the code does not read"
+        for name in named
+        if "=" not in name and name not in run_container_variables() | secrets()
+    ]
+    rest = {key: value for key, value in docker_instance.items() if key != "run_launcher"}
+    expected = yaml.safe_load(yaml.safe_dump(dict(instance)))
+    expected["run_monitoring"]["max_resume_run_attempts"] = 0
+    problems += [
+        f"{where} {key} differs from deploy/dagster.yaml's"
+        for key in sorted(set(rest) | set(expected))
+        if rest.get(key) != expected.get(key)
+    ]
+    return problems
+
+
+def secrets() -> set[str]:
+    """Every variable shown by its name only (settings.is_secret), and the storage's password."""
+    return {env_name(field) for field in Settings.model_fields if is_secret(field)} | {"DAGSTER_PG_PASSWORD"}
+
+
+def _env_vars(docker_instance: dict[str, Any]) -> list[str]:
+    return docker_instance["run_launcher"]["config"]["env_vars"]
+
+
+@pytest.fixture(scope="module")
+def docker_instance() -> dict[str, Any]:
+    return yaml.safe_load(DOCKER_INSTANCE.read_text(encoding="utf-8"))
+
+
+def test_the_docker_instance_is_the_shipped_one_with_a_launcher_given_names_only(
+    docker_instance: dict[str, Any], instance: dict[str, Any]
+) -> None:
+    assert docker_instance_problems(docker_instance, instance) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda c: _env_vars(c).append("ANTHROPIC_API_KEY"), "names the secret"),
+        (lambda c: _env_vars(c).append("DAGSTER_PG_PASSWORD=x"), "gives DAGSTER_PG_PASSWORD a value"),
+        (lambda c: _env_vars(c).remove("MARKETING_EXECUTIONS_PER_RUN"), "lacks MARKETING_EXECUTIONS_PER_RUN"),
+        (lambda c: _env_vars(c).append("MARKETING_BATCH"), "MARKETING_BATCH, which the code does not"),
+        (lambda c: c["concurrency"]["runs"].update(max_concurrent_runs=9), "concurrency differs"),
+    ],
+)  # fmt: skip
+def test_a_stray_docker_instance_is_caught(
+    docker_instance: dict[str, Any], instance: dict[str, Any], edit: Any, expected: str
+) -> None:
+    changed = yaml.safe_load(yaml.safe_dump(docker_instance))
+    edit(changed)
+    assert any(expected in problem for problem in docker_instance_problems(changed, instance))
+
+
+def test_the_stack_settings_file_names_every_setting_a_run_needs_and_no_secret() -> None:
+    # The DockerRunLauncher stops a launch when a variable its env_vars names is not set in the daemon.
+    lines = [line for line in DOCKER_SETTINGS.read_text(encoding="utf-8").splitlines() if not line.startswith("#")]
+    given = [line.split("=")[0] for line in lines if line.strip()]
+    assert sorted(given) == sorted(run_container_variables()), set(given) ^ run_container_variables()
