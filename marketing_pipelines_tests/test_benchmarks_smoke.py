@@ -32,8 +32,8 @@ TINY = {
 }
 
 
-# Run at test size by a test of their own.
-ELSEWHERE = {"soak.py": "test_soak.py"}
+# Run at test size by a test of their own (run_container.py needs the image that test builds).
+ELSEWHERE = {"soak.py": "test_soak.py", "run_container.py": "test_docker_stack.py"}
 
 
 def test_every_benchmark_has_a_smoke_run() -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import secrets
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -324,3 +325,17 @@ def test_the_docker_stack_runs_each_run_in_its_own_container_through_kills(
         f" everything SUCCEEDED {recovered_in:.0f} s after the run container was killed"
     )
     assert httpx.get(f"{web}/server_info", timeout=10).status_code == 200
+
+
+def test_the_run_container_benchmark_runs(pg_database: str) -> None:
+    """benchmarks/run_container.py at its smallest (its numbers decide nothing here; docs/PERFORMANCE.md has them)."""
+    image = built_image()
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "run_container.py"), "--rounds", "1", "--image", image],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "container / subprocess: launch to first op" in done.stdout
