@@ -138,8 +138,17 @@ def pip_commands(text: str) -> Iterator[list[str]]:
     for keyword, arguments in dockerfile_instructions(text):
         if keyword != "RUN":
             continue
-        for command in re.split(r"&&|;", arguments):
-            tokens = shlex.split(command)
+        # The shell's own split into commands: `&&`, `;` and pipes outside quotes (a quoted `sh -c '...; ...'`
+        # stays one argument).
+        lexer = shlex.shlex(arguments, posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True
+        commands: list[list[str]] = [[]]
+        for token in lexer:
+            if token and set(token) <= set(";&|"):
+                commands.append([])
+            else:
+                commands[-1].append(token)
+        for tokens in commands:
             if len(tokens) >= 2 and tokens[0] in ("pip", "pip3") and tokens[1] in ("install", "wheel"):
                 yield tokens[2:]
 
