@@ -21,6 +21,7 @@ from marketing_pipelines.agents.providers.offline import OfflineModel
 from marketing_pipelines.agents.queue import Transcript, get_agent_run, request_agent_run, transcript
 from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
 from marketing_pipelines.db.schema import agent_run, marketing_execution
+from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.http import ServiceError
 from marketing_pipelines.strict_json import MAX_JSON_DEPTH, check_depth, loads_json
 from marketing_pipelines_tests.agents.fake_models import (
@@ -216,7 +217,9 @@ def test_the_schedule_tool_refuses_a_too_deep_payload_text(engine: sa.Engine) ->
     args = {"campaign_id": "spring-launch", "stage": "launch", "action": "log", "due": "now", "payload": HOSTILE}
     with pytest.raises(ValueError, match=DEPTH_MESSAGE), engine.begin() as conn:
         TOOLS["schedule_execution"].run(
-            conn, args, ToolCallContext(agent_run_id=1, user_id="ana", campaign_id="spring-launch")
+            conn,
+            args,
+            ToolCallContext(agent_run_id=1, user_id="ana", campaign_id="spring-launch", egress=EgressPolicy()),
         )
     assert _executions(engine) == 0
 
@@ -260,6 +263,7 @@ def test_a_too_deep_tool_call_is_a_recorded_denial_and_the_run_goes_on(engine: s
         transcript=Transcript(engine, run_id, 1),
         limits=RunLimits(max_steps=4, deadline=time.monotonic() + 60),
         acquire_model_token=lambda: None,
+        egress=EgressPolicy(),
     )
     assert (result.text, result.denials) == ("Done.", 1)
     with engine.connect() as conn:

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents.providers.types import ToolSpec
 from marketing_pipelines.db.campaigns import get_campaign
+from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.queue import list_executions, parse_due, schedule_execution
 from marketing_pipelines.strict_json import loads_json
@@ -26,11 +27,14 @@ from marketing_pipelines.strict_json import loads_json
 
 @dataclass(frozen=True)
 class ToolCallContext:
-    """Who is calling, for what run and campaign: tools that write record it."""
+    """Who is calling, for what run and campaign: tools that write record it. ``egress`` is the run's webhook
+    destination policy, from the resource that holds it (the run's ``webhook`` resource), never read from the
+    worker's environment here."""
 
     agent_run_id: int
     user_id: str
     campaign_id: str
+    egress: EgressPolicy
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ def _schedule_execution(conn: sa.Connection, args: dict[str, Any], ctx: ToolCall
         action=args["action"],
         due_at=due_at,
         payload=payload,
+        egress=ctx.egress,
         dedupe_key=agent_execution_key(
             ctx.agent_run_id,
             ctx.campaign_id,

@@ -26,6 +26,7 @@ from marketing_pipelines.agents.users import get_user
 from marketing_pipelines.db.lease import LeaseKeeper, finish, retry_or_fail
 from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.http import RateLimited, ServiceError
 from marketing_pipelines.redact import redact_text, shown_text
 
@@ -185,6 +186,9 @@ def run_agent(
     offline_model: OfflineModel,
     anthropic_model: AnthropicModel,
     openai_model: OpenAIModel,
+    # Its destination policy (MARKETING_WEBHOOK_ALLOW_NETWORKS) bounds what the schedule_execution tool may
+    # schedule, as it bounds what the executions job sends.
+    webhook: WebhookClient,
 ) -> dg.Output[dict[str, Any]]:
     engine, agent_run_id, lease_s = app_db.ready_engine(), config.agent_run_id, agent_settings.lease_grace_seconds
     users: dict[int, Any] = {}
@@ -225,6 +229,7 @@ def run_agent(
                 transcript=steps,
                 limits=limits,
                 acquire_model_token=attempt.token_acquirer(row["model_provider"], agent_settings),
+                egress=webhook.policy(),
                 # What the loop logs quotes the model's tool calls and refusals, which may hold secrets.
                 log=lambda message: context.log.info(shown_text(message)),
             )

@@ -21,6 +21,7 @@ from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, ToolCallC
 from marketing_pipelines.agents.providers.types import ModelProvider, ToolCall
 from marketing_pipelines.agents.queue import Transcript, json_safe
 from marketing_pipelines.agents.users import Grant, authorize, grants_on_campaign
+from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 
 MAX_TOOL_RESULT_CHARS = 8_000
@@ -61,6 +62,7 @@ def run_agent_loop(
     transcript: Transcript,
     limits: RunLimits,
     acquire_model_token: Callable[[], None],
+    egress: EgressPolicy,
     log: Callable[[str], None] = lambda _: None,
 ) -> AgentResult:
     own_tools = frozenset(definition.tools)
@@ -93,7 +95,7 @@ def run_agent_loop(
             return AgentResult(turn.text, step, transcript.tool_calls, transcript.denials)
         for call in turn.tool_calls:
             _check_limits(limits)
-            content, is_error = _call_tool(engine, call, run, captured, own_tools, transcript, log)
+            content, is_error = _call_tool(engine, call, run, captured, own_tools, transcript, log, egress)
             messages.append(
                 {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content, "is_error": is_error}
             )
@@ -115,6 +117,7 @@ def _call_tool(
     own_tools: frozenset[str],
     transcript: Transcript,
     log: Callable[[str], None],
+    egress: EgressPolicy,
 ) -> tuple[str, bool]:
     """Run one tool call as the requester. Returns (content for the model, is_error).
 
@@ -149,7 +152,9 @@ def _call_tool(
         with engine.begin() as conn:
             decision = authorize(conn, run["requested_by"], captured, tool.permission, campaign_id)
             result = (
-                tool.run(conn, dict(call.arguments), ToolCallContext(run["id"], run["requested_by"], campaign_id))
+                tool.run(
+                    conn, dict(call.arguments), ToolCallContext(run["id"], run["requested_by"], campaign_id, egress)
+                )
                 if decision.allowed
                 else None
             )

@@ -219,7 +219,8 @@ def sensor_agent_requests(
 ) -> list[dg.RunRequest]:
     """One queued_agent_runs_sensor evaluation; the agent-run RunRequests it returned."""
     context = dg.build_sensor_context(
-        instance=instance, resources={"app_db": AppDatabase(url=app_url), "agent_settings": settings or AgentSettings()}
+        instance=instance,
+        resources={"app_db": AppDatabase(url=app_url), "agent_settings": settings or AgentSettings()},
     )
     result = queued_agent_runs_sensor(context)
     if isinstance(result, dg.SkipReason):

@@ -13,6 +13,7 @@ from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.providers.registry import ProviderResource
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.built import queued_agent_runs_sensor
 
 
@@ -24,7 +25,8 @@ def run_one(
 ) -> dg.ExecuteInProcessResult:
     settings = settings or AgentSettings()
     context = dg.build_sensor_context(
-        instance=instance, resources={"app_db": AppDatabase(url=db_url), "agent_settings": settings}
+        instance=instance,
+        resources={"app_db": AppDatabase(url=db_url), "agent_settings": settings},
     )
     result = queued_agent_runs_sensor(context)
     assert isinstance(result, dg.SensorResult)
@@ -33,7 +35,7 @@ def run_one(
         run_config=request.run_config,
         tags=request.tags,
         instance=instance,
-        resources={"app_db": AppDatabase(url=db_url), **models, "agent_settings": settings},
+        resources={"app_db": AppDatabase(url=db_url), **models, "webhook": WebhookClient(), "agent_settings": settings},
         raise_on_error=False,
     )
 

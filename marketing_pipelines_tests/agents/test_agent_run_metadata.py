@@ -152,7 +152,8 @@ def test_a_provider_not_configured_where_the_run_executes_fails_once_naming_the_
     assert "not retried" in description
     # Nothing is left to claim: the run is not retried though attempts remain.
     context = dg.build_sensor_context(
-        instance=instance, resources={"app_db": AppDatabase(url=db_url), "agent_settings": AgentSettings()}
+        instance=instance,
+        resources={"app_db": AppDatabase(url=db_url), "agent_settings": AgentSettings()},
     )
     assert isinstance(queued_agent_runs_sensor(context), dg.SkipReason)
 

@@ -20,6 +20,7 @@ from marketing_pipelines.agents.sensors import BACKLOG_FACTOR, claim_agent_run_r
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.agents.fake_models import anthropic_message, anthropic_models, unconfigured_models
 from marketing_pipelines_tests.built import queued_agent_runs_sensor
 from marketing_pipelines_tests.factories import add_campaign, settings_from
@@ -71,6 +72,7 @@ def _run_all(db_url: str, instance: dg.DagsterInstance, models: dict[str, Provid
             resources={
                 "app_db": AppDatabase(url=db_url),
                 **(models or unconfigured_models()),
+                "webhook": WebhookClient(),
                 "agent_settings": AgentSettings(),
             },
             raise_on_error=False,

@@ -26,6 +26,7 @@ from marketing_pipelines.agents.queue import (
 )
 from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
 from marketing_pipelines.db.schema import marketing_execution
+from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines_tests.agents.fake_models import anthropic_models, text_turn, tool_turn
 from marketing_pipelines_tests.agents.runs import output_metadata, run_one
@@ -192,6 +193,7 @@ def _loop(engine: sa.Engine, run_id: int, attempt: int, calls: list[dict[str, An
         transcript=Transcript(engine, run_id, attempt),
         limits=RunLimits(max_steps=len(calls) + 1, deadline=time.monotonic() + 60),
         acquire_model_token=lambda: None,
+        egress=EgressPolicy(),
     )
     with engine.connect() as conn:
         steps = transcript(conn, run_id, attempt)

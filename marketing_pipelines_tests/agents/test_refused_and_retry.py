@@ -28,6 +28,7 @@ from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.agents.fake_models import unconfigured_models
 from marketing_pipelines_tests.built import queued_agent_runs_sensor
 from marketing_pipelines_tests.factories import add_campaign
@@ -82,7 +83,8 @@ def _row(engine: sa.Engine, run_id: int) -> sa.RowMapping:
 
 def _claim(db_url: str, instance: dg.DagsterInstance) -> list[dg.RunRequest]:
     context = dg.build_sensor_context(
-        instance=instance, resources={"app_db": AppDatabase(url=db_url), "agent_settings": AgentSettings()}
+        instance=instance,
+        resources={"app_db": AppDatabase(url=db_url), "agent_settings": AgentSettings()},
     )
     result = queued_agent_runs_sensor(context)
     return list(result.run_requests or []) if isinstance(result, dg.SensorResult) else []
@@ -93,7 +95,12 @@ def _run(db_url: str, instance: dg.DagsterInstance, request: dg.RunRequest) -> d
         run_config=request.run_config,
         tags=request.tags,
         instance=instance,
-        resources={"app_db": AppDatabase(url=db_url), **unconfigured_models(), "agent_settings": AgentSettings()},
+        resources={
+            "app_db": AppDatabase(url=db_url),
+            **unconfigured_models(),
+            "webhook": WebhookClient(),
+            "agent_settings": AgentSettings(),
+        },
         raise_on_error=False,
     )
 

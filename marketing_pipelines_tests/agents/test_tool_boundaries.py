@@ -16,16 +16,19 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
-from marketing_pipelines.agents.catalog import get_agent
+from marketing_pipelines.agents.catalog import TOOLS, ToolCallContext, get_agent
 from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript, get_agent_run, request_agent_run, transcript
 from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
 from marketing_pipelines.db.schema import agent_run, marketing_execution
+from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines_tests.agents.fake_models import Script, openai_completion, scripted_openai
 from marketing_pipelines_tests.factories import add_campaign, settings_from
 
 KEY = {"OPENAI_API_KEY": "sk-openai-test"}
 BRIEF = {"stage": "launch"}
+
+LOOPBACK_ALLOWED = EgressPolicy(parse_networks(["127.0.0.1/32"]))
 
 
 @pytest.fixture
@@ -76,6 +79,7 @@ def _run(engine: sa.Engine, agent: str, *responses: httpx.Response) -> tuple[lis
         transcript=Transcript(engine, run_id, 1),
         limits=RunLimits(max_steps=4, deadline=time.monotonic() + 60),
         acquire_model_token=lambda: None,
+        egress=EgressPolicy(),
     )
     with engine.connect() as conn:
         return [dict(s) for s in transcript(conn, run_id)], script
@@ -147,3 +151,29 @@ def test_an_agent_run_for_a_campaign_without_any_grant_is_refused_when_requested
             conn, agent="campaign_brief", campaign_id="spring-launch", requested_by="ben", input=BRIEF
         )
     assert AGENT_RUNS.table is agent_run
+
+
+@pytest.mark.parametrize(("policy", "scheduled"), [(EgressPolicy(), False), (LOOPBACK_ALLOWED, True)])
+def test_the_schedule_tool_follows_the_runs_egress_policy_not_the_workers_environment(
+    engine: sa.Engine, policy: EgressPolicy, scheduled: bool
+) -> None:
+    # The tests' environment allows no private network; the run's policy (its webhook resource's) decides.
+    # Before, the tool read MARKETING_WEBHOOK_ALLOW_NETWORKS from the worker's environment while the resource
+    # held it, and refused the loopback receiver that the run's policy allows.
+    add_campaign(engine)
+    args = {
+        "campaign_id": "spring-launch",
+        "stage": "launch",
+        "action": "webhook",
+        "due": "now",
+        "payload": {"url": "http://127.0.0.1:9/hook", "body": {}},
+    }
+    caller = ToolCallContext(agent_run_id=1, user_id="ana", campaign_id="spring-launch", egress=policy)
+    if scheduled:
+        with engine.begin() as conn:
+            assert TOOLS["schedule_execution"].run(conn, args, caller)
+    else:
+        with pytest.raises(InvalidInput, match=r"127\.0\.0\.1"), engine.begin() as conn:
+            TOOLS["schedule_execution"].run(conn, args, caller)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(marketing_execution)).scalar_one() == int(scheduled)
