@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, ToolCallContext
 from marketing_pipelines.agents.providers.types import ModelProvider, ToolCall
 from marketing_pipelines.agents.queue import Transcript, json_safe
-from marketing_pipelines.agents.users import Grant, authorize, grants_on_campaign
+from marketing_pipelines.agents.users import Grant, authorize
 from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 
@@ -67,8 +67,9 @@ def run_agent_loop(
 ) -> AgentResult:
     own_tools = frozenset(definition.tools)
     specs = [TOOLS[name].spec for name in definition.tools]
-    # Narrowed again here: a run queued before captures were scoped may still hold other campaigns' grants.
-    captured = frozenset(grants_on_campaign((Grant.from_json(g) for g in run["permissions"]), run["campaign_id"]))
+    # Captured on the run's campaign only when requested (grants_on_campaign); rows queued before that were
+    # narrowed once by migration 0009.
+    captured = frozenset(Grant.from_json(g) for g in run["permissions"])
     task = definition.task(run["campaign_id"], dict(run["input"]))
     messages: list[dict[str, Any]] = [{"role": "user", "content": json.dumps(task)}]
     transcript.add("task", None, task)

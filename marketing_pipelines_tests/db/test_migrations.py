@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import re
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
+from marketing_pipelines.agents.users import add_user
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.migrate import current_revision, head_revision
-from marketing_pipelines.db.schema import metadata
+from marketing_pipelines.db.migrate import current_revision, head_revision, upgrade
+from marketing_pipelines.db.schema import agent_run, metadata
 from marketing_pipelines.db.schema_version import SchemaNotReady, code_head_revision, ensure_schema_current
+from marketing_pipelines_tests.factories import add_campaign
 
 
 def test_migrated_schema_matches_the_models(engine: sa.Engine) -> None:
@@ -42,3 +48,47 @@ def test_a_schema_not_at_head_is_refused_with_its_fix(sqlite_url: str, recorded:
         conn.execute(sa.text("UPDATE alembic_version SET version_num = :v"), {"v": recorded})
     with pytest.raises(SchemaNotReady, match=re.escape(message.format(head=head_revision()))):
         ensure_schema_current(engine)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database of each kind, dropped afterwards."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    server = sa.engine.make_url(request.getfixturevalue("pg_database"))
+    name = f"mp_migration_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(get_engine(server.render_as_string(hide_password=False)).url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        get_engine(server.set(database=name).render_as_string(hide_password=False)).dispose()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_0009_leaves_runs_still_to_run_with_grants_on_their_campaign_only(empty_url: str) -> None:
+    engine = get_engine(empty_url)
+    upgrade(engine, "0008")
+    add_campaign(engine, "spring-launch")
+    old_capture = [["campaign:read", "*"], ["execution:write", "other"], ["measurement:read", "spring-launch"]]
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        add_user(conn, "ana")
+        for status in ("QUEUED", "RUNNING", "SUCCEEDED"):
+            conn.execute(
+                sa.insert(agent_run).values(
+                    agent="measurement_analyst", campaign_id="spring-launch", input={}, status=status,
+                    requested_by="ana", permissions=old_capture, model_provider="offline", requested_at=now, updated_at=now,
+                    attempts=0, max_attempts=3, max_run_seconds=60,
+                )
+            )  # fmt: skip
+    upgrade(engine)
+    with engine.connect() as conn:
+        held = dict(conn.execute(sa.select(agent_run.c.status, agent_run.c.permissions)).all())
+    scoped = [["campaign:read", "spring-launch"], ["measurement:read", "spring-launch"]]
+    # A run still to run holds nothing beyond its campaign; a finished one keeps the record of what it held.
+    assert held == {"QUEUED": scoped, "RUNNING": scoped, "SUCCEEDED": old_capture}
