@@ -29,6 +29,7 @@ TINY = {
     "agent_drain.py": ["--runs", "4", "--limits", "2", "--timeout", "240"],
     "per_execution.py": ["--executions", "20", "--repeat", "1"],
     "pool_claim_race.py": ["--rounds", "3", "--processes", "3"],
+    "alert_tick.py": ["--runs", "2", "--repeat", "1"],
 }
 
 

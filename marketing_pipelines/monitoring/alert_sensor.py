@@ -10,6 +10,10 @@ restarted daemon, which resumes from the persisted cursor, never repeats one.
 One tick sends at most one message, counting everything it found: a burst of failures in a minute
 is one message. A check is alerted on when it goes to failing at ERROR, not at every evaluation
 while it stays there; its recovery gives one short line.
+
+Not a ``run_failure_sensor``: Dagster moves its cursor past a run whether the function delivered,
+declined or raised, and calls it once per run (docs/ARCHITECTURE.md, "Why the alerts keep their own
+cursor"; ``test_run_failure_sensor_limits.py`` asserts both).
 """
 
 from __future__ import annotations

@@ -82,8 +82,8 @@ def test_0009_leaves_runs_still_to_run_with_grants_on_their_campaign_only(empty_
             conn.execute(
                 sa.insert(agent_run).values(
                     agent="measurement_analyst", campaign_id="spring-launch", input={}, status=status,
-                    requested_by="ana", permissions=old_capture, model_provider="offline", requested_at=now, updated_at=now,
-                    attempts=0, max_attempts=3, max_run_seconds=60,
+                    requested_by="ana", permissions=old_capture, model_provider="offline", requested_at=now,
+                    updated_at=now, attempts=0, max_attempts=3, max_run_seconds=60,
                 )
             )  # fmt: skip
     upgrade(engine)
