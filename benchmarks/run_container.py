@@ -116,7 +116,12 @@ def launch(kind: str, index: int, env: dict[str, str], workspace: Path, dagster:
         time.sleep(0.1)
     cpu = cpu_seconds() - cpu_before
     if status != "SUCCESS":
-        sys.exit(f"run {run_id} ({kind}) ended {status}")
+        with dagster.connect() as conn:
+            events = conn.execute(
+                sa.text("SELECT event FROM event_logs WHERE run_id = :r ORDER BY id DESC LIMIT 6"), {"r": run_id}
+            ).scalars()
+            said = [json.loads(e).get("user_message", "")[:400] for e in events]
+        sys.exit(f"run {run_id} ({kind}) ended {status}; its last events:\n" + "\n".join(reversed(said)))
     with dagster.connect() as conn:
         times = dict(
             conn.execute(
