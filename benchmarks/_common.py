@@ -10,10 +10,11 @@ import contextlib
 import os
 import shutil
 import tempfile
+import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +121,48 @@ def insert_due(engine: sa.Engine, n: int, action: str, hook_url: str | None, cam
     with engine.begin() as conn:
         conn.execute(sa.insert(marketing_execution), rows)
     return due
+
+
+@contextlib.contextmanager
+def counting_receiver(
+    path: str, count: Callable[[Mapping[str, str]], int] = lambda _: 1
+) -> Iterator[tuple[str, list[int]]]:
+    """A local receiver that answers 204 at once; (its URL ending in ``path``, what ``count`` said of each POST's
+    headers, in order)."""
+    got: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            got.append(count(self.headers))
+            self.send_response(204)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ReceiverServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}{path}", got
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def postgres_storage(pg: Mapping[str, str]) -> dict[str, Any]:
+    """Dagster's ``storage.postgres.postgres_db`` config for the DAGSTER_PG_* values ``pg``."""
+    postgres_db: dict[str, Any] = {
+        "hostname": pg["DAGSTER_PG_HOST"],
+        "port": int(pg["DAGSTER_PG_PORT"]),
+        "username": pg["DAGSTER_PG_USER"],
+        "db_name": pg["DAGSTER_PG_DB"],
+        # As deploy/dagster.yaml: a bare postgresql:// resolves to psycopg 3 with SQLAlchemy 2.1.
+        "scheme": "postgresql+psycopg2",
+    }
+    if pg["DAGSTER_PG_PASSWORD"]:
+        postgres_db["password"] = pg["DAGSTER_PG_PASSWORD"]
+    return postgres_db

@@ -25,14 +25,11 @@ import argparse
 import contextlib
 import math
 import statistics
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import dagster as dg
-from _common import ReceiverServer, print_table, throwaway_database
+from _common import counting_receiver, postgres_storage, print_table, throwaway_database
 from _daemon import dagster_storage_database
 
 from marketing_pipelines.db.resources import AppDatabase
@@ -62,44 +59,12 @@ def mark_pending(context: dg.RunFailureSensorContext) -> None:
     context.instance.add_run_tags(context.dagster_run.run_id, {TAG: "pending"})
 
 
-@contextlib.contextmanager
-def receiver() -> Iterator[tuple[str, list[int]]]:
-    """A local receiver that answers 204 at once and counts the messages."""
-    got: list[int] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length", "0")))
-            got.append(1)
-            self.send_response(204)
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ReceiverServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/services/T0/B0/token", got
-    finally:
-        server.shutdown()
-        server.server_close()
+def receiver() -> contextlib.AbstractContextManager[tuple[str, list[int]]]:
+    return counting_receiver("/services/T0/B0/token")
 
 
 def _instance(pg: dict[str, str]) -> contextlib.AbstractContextManager[dg.DagsterInstance]:
-    postgres_db: dict[str, Any] = {
-        "hostname": pg["DAGSTER_PG_HOST"],
-        "port": int(pg["DAGSTER_PG_PORT"]),
-        "username": pg["DAGSTER_PG_USER"],
-        "db_name": pg["DAGSTER_PG_DB"],
-        # As deploy/dagster.yaml: a bare postgresql:// resolves to psycopg 3 with SQLAlchemy 2.1.
-        "scheme": "postgresql+psycopg2",
-    }
-    if pg["DAGSTER_PG_PASSWORD"]:
-        postgres_db["password"] = pg["DAGSTER_PG_PASSWORD"]
+    postgres_db = postgres_storage(pg)
     return dg.instance_for_test(overrides={"storage": {"postgres": {"postgres_db": postgres_db}}})
 
 

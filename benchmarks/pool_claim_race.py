@@ -39,7 +39,7 @@ from typing import Any
 
 import dagster as dg
 import yaml
-from _common import print_table
+from _common import postgres_storage, print_table
 from _daemon import dagster_storage_database
 
 POOL = "claim_race"
@@ -50,16 +50,7 @@ TIMEOUT_S = 180.0
 
 def _write_dagster_home(home: Path, pg: Mapping[str, str]) -> Path:
     """A DAGSTER_HOME on the throwaway database, pools at ``granularity: op`` (what is measured)."""
-    postgres_db: dict[str, Any] = {
-        "hostname": pg["DAGSTER_PG_HOST"],
-        "port": int(pg["DAGSTER_PG_PORT"]),
-        "username": pg["DAGSTER_PG_USER"],
-        "db_name": pg["DAGSTER_PG_DB"],
-        # As deploy/dagster.yaml: a bare postgresql:// resolves to psycopg 3 with SQLAlchemy 2.1.
-        "scheme": "postgresql+psycopg2",
-    }
-    if pg["DAGSTER_PG_PASSWORD"]:
-        postgres_db["password"] = pg["DAGSTER_PG_PASSWORD"]
+    postgres_db = postgres_storage(pg)
     config = {
         "storage": {"postgres": {"postgres_db": postgres_db}},
         "concurrency": {"pools": {"granularity": "op"}},

@@ -14,18 +14,14 @@ of medians (signed / unsigned) is what to read, the absolute seconds drift with 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler
-from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
-from _common import ReceiverServer, print_table, throwaway_database
+from _common import counting_receiver, print_table, throwaway_database
 
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
@@ -49,31 +45,8 @@ LOCAL = "127.0.0.1/32"
 KEY = new_key()
 
 
-@contextmanager
-def receiver() -> Iterator[tuple[str, list[int]]]:
-    """A local receiver that answers 204 at once and counts what it got."""
-    got: list[int] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length", "0")))
-            got.append(1 if self.headers.get("webhook-signature") else 0)
-            self.send_response(204)
-            self.send_header("content-length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ReceiverServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/hooks/T0/B0/token", got
-    finally:
-        server.shutdown()
-        server.server_close()
+def receiver() -> contextlib.AbstractContextManager[tuple[str, list[int]]]:
+    return counting_receiver("/hooks/T0/B0/token", lambda headers: 1 if headers.get("webhook-signature") else 0)
 
 
 def one_round(url: str, engine: sa.Engine, instance: dg.DagsterInstance, n: int, signed: bool) -> float:
