@@ -15,7 +15,6 @@ from click.testing import CliRunner
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.queue import get_agent_run, request_agent_run
-from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.sensors import agent_run_canceled_sensor, agent_run_failure_sensor
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.resources import AppDatabase
@@ -23,6 +22,7 @@ from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.queue import get_execution, list_attempts, schedule_execution
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.agents.fake_models import unconfigured_models
+from marketing_pipelines_tests.agents.runs import AGENT_RESOURCES
 from marketing_pipelines_tests.built import due_executions_sensor, queued_agent_runs_sensor
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
@@ -162,7 +162,7 @@ def test_a_failed_agent_dagster_run_requeues_its_agent_run_once(
         run_config=request.run_config,
         tags=request.tags,
         instance=instance,
-        resources={"app_db": BrokenDatabase(url=db_url), **unconfigured_models(), "agent_settings": AgentSettings()},
+        resources={"app_db": BrokenDatabase(url=db_url), **unconfigured_models(), **AGENT_RESOURCES},
         raise_on_error=False,
     )
     assert not result.success and _agent_row(engine, agent_request)["status"] == "RUNNING"

@@ -24,7 +24,6 @@ from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.models import model_resources
 from marketing_pipelines.agents.providers.openai import OpenAIModel
 from marketing_pipelines.agents.queue import request_agent_run
-from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, agent_run_step, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.egress import EgressPolicy, parse_networks
@@ -33,6 +32,7 @@ from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.http import ServiceError, send_with_retries
 from marketing_pipelines.redact import error_text, redact_text, redact_url, redact_urls, redact_value
 from marketing_pipelines.settings import SettingsError, load_settings
+from marketing_pipelines_tests.agents.runs import AGENT_RESOURCES
 from marketing_pipelines_tests.built import due_executions_sensor, queued_agent_runs_sensor
 from marketing_pipelines_tests.cli_runner import cli_for
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
@@ -156,7 +156,7 @@ def _run_agents(engine: sa.Engine, db_url: str, instance: dg.DagsterInstance) ->
     resources = {
         **model_resources(load_settings()),
         "app_db": AppDatabase(url=db_url),
-        "agent_settings": AgentSettings(),
+        **AGENT_RESOURCES,
     }
     return [
         agent_run_job.execute_in_process(

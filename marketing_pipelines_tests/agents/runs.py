@@ -16,6 +16,10 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.built import queued_agent_runs_sensor
 
+# What agent_run_job needs beside the database and the model providers: its settings, and the webhook client
+# whose destination policy bounds what its schedule_execution tool may schedule.
+AGENT_RESOURCES = {"agent_settings": AgentSettings(), "webhook": WebhookClient()}
+
 
 def run_one(
     db_url: str,

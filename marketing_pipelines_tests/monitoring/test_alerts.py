@@ -33,6 +33,7 @@ from marketing_pipelines.monitoring.alerts import (
 )
 from marketing_pipelines.redact import url_origin
 from marketing_pipelines_tests.agents.fake_models import unconfigured_models
+from marketing_pipelines_tests.agents.runs import AGENT_RESOURCES
 from marketing_pipelines_tests.built import due_executions_sensor, queued_agent_runs_sensor
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
@@ -203,7 +204,7 @@ def test_a_failed_agent_run_alerts_with_its_agent_and_reason(
         run_config=request.run_config,
         tags=request.tags,
         instance=instance,
-        resources={"app_db": AppDatabase(url=db_url), **unconfigured_models(), "agent_settings": AgentSettings()},
+        resources={"app_db": AppDatabase(url=db_url), **unconfigured_models(), **AGENT_RESOURCES},
         raise_on_error=False,
     )
     assert not run.success
