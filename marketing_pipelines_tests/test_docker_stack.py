@@ -306,7 +306,10 @@ def test_the_docker_stack_runs_each_run_in_its_own_container_through_kills(
     # Each run ran in a container of its own, not in a code server.
     assert len(inspector.seen) >= len(execution_runs) // 2, len(inspector.seen)
 
-    # The secrets: in the processes, so they worked (the database URL's password is the planted one) ...
+    # The secrets: in the processes, where the entry point exported them (the surviving code server's PID 1) ...
+    server = _compose(["ps", "-q", "code_server_2"], env).stdout.strip()
+    environ = docker("exec", server, "cat", "/proc/1/environ").stdout.split("\0")
+    assert {f"{name}={value}" for name, value in planted.items()} <= set(environ)
     stack = _compose(["ps", "-q"], env).stdout.split()
     shown = [docker("inspect", *stack).stdout, *inspector.seen.values()]
     with dagster.connect() as conn:
