@@ -6,8 +6,10 @@ Every asset replaces exactly its partitions' days, so any partition can be re-ru
 a backfill run covers a range of days in one pass (``BackfillPolicy.multi_run``).
 """
 
-from collections.abc import Iterator, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
@@ -356,6 +358,16 @@ def left_out_importers(settings: Settings) -> dict[dg.AssetKey, str]:
     }
 
 
+def _daily_asset(shared: Mapping[str, Any], **kwargs: Any) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+    """``dg.asset`` with the arguments every measurement asset shares (``shared``) and its own."""
+    with warnings.catch_warnings():
+        # "Parameter `backfill_policy` of function `asset` is currently in beta" (1.13.27; @multi_asset does not
+        # warn), once per asset at every code load: Dagster is pinned exactly, and test_backfill_range.py holds
+        # what a range run writes.
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return dg.asset(**shared, **kwargs)
+
+
 def build_measurement_assets(
     settings: Settings,
     *,
@@ -377,7 +389,7 @@ def build_measurement_assets(
     """
     left_out = dict(left_out or {})
     partitions_def = measurement_partitions(settings.measurement_start_date)
-    shared = {
+    shared: dict[str, Any] = {
         "partitions_def": partitions_def,
         # Backfills by range: one run replaces up to backfill_days_per_run days, each in its own transaction.
         "backfill_policy": dg.BackfillPolicy.multi_run(max_partitions_per_run=settings.backfill_days_per_run),
@@ -386,24 +398,24 @@ def build_measurement_assets(
         "owners": OWNERS,
     }
 
-    @dg.asset(
+    @_daily_asset(
+        shared,
         key=SITE_KEY,
         description=SITE_ANALYTICS_DESCRIPTION,
         kinds={"python", "plausible", "sql"},
         check_specs=SITE_CHECK_SPECS,
-        **shared,
     )
     def site_analytics_daily(
         context: dg.AssetExecutionContext, app_db: AppDatabase, plausible: PlausibleClient
     ) -> dg.MaterializeResult:
         return site_analytics(context, app_db.ready_engine(), plausible, partition_days(context))
 
-    @dg.asset(
+    @_daily_asset(
+        shared,
         key=DOWNLOADS_KEY,
         description=RELEASE_DOWNLOADS_DESCRIPTION,
         kinds={"python", "github", "sql"},
         check_specs=DOWNLOAD_CHECK_SPECS,
-        **shared,
     )
     def github_release_downloads_daily(
         context: dg.AssetExecutionContext, app_db: AppDatabase, github: GitHubReleasesClient
@@ -412,7 +424,8 @@ def build_measurement_assets(
 
     importers = [a for a in (site_analytics_daily, github_release_downloads_daily) if a.key not in left_out]
 
-    @dg.asset(
+    @_daily_asset(
+        shared,
         key=ROLLUP_KEY,
         description=ROLLUP_DESCRIPTION
         + "".join(
@@ -424,7 +437,6 @@ def build_measurement_assets(
         check_specs=rollup_check_specs(partitions_def),
         # Loading the asset (defs.load_asset_value, a downstream asset) reads the table as a DataFrame.
         io_manager_key=ROLLUP_IO_MANAGER,
-        **shared,
     )
     def measurement_daily_rollup(
         context: dg.AssetExecutionContext, app_db: AppDatabase
