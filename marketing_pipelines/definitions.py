@@ -33,8 +33,9 @@ def build_defs(settings: Settings) -> dg.Definitions:
         dg.Definitions(
             # Shared by every domain; the URL is an EnvVar, so it never shows in run config (see AppDatabase).
             resources={"app_db": resource_from_settings(AppDatabase, settings)},
-            # Every job here runs one step (or sets its own executor): a step process of its own would add
-            # seconds of interpreter start-up and code loading to each run, backfill runs included.
+            # Every job here runs one step, or a few in order (the measurement assets), unless it sets its own
+            # executor: a process per step would add seconds of interpreter start-up and code loading to
+            # each step of each run, backfill runs included.
             executor=dg.in_process_executor,
         ),
     )

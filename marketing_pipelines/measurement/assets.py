@@ -1,13 +1,15 @@
-"""Daily-partitioned measurement assets: raw events (loaded outside Dagster), the two importers, and the rollup.
+"""Daily-partitioned measurement assets, one ``@dg.asset`` per table: raw events (loaded outside Dagster), the
+two importers (in the definitions only while their sources are configured), and the rollup.
 
 Partitions are UTC days from ``MARKETING_MEASUREMENT_START_DATE`` up to and including today.
 Every asset replaces exactly its partitions' days, so any partition can be re-run or backfilled;
 a backfill run covers a range of days in one pass (``BackfillPolicy.multi_run``).
 """
 
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
-from typing import NamedTuple
+from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
@@ -17,9 +19,7 @@ from marketing_pipelines.http import RateLimited, ServiceError
 from marketing_pipelines.measurement.checks import (
     DOWNLOAD_CHECK_SPECS,
     FIRST_PARTY_COUNT_MATCHES,
-    NO_UNFLAGGED_NEGATIVE_DELTA,
     SITE_CHECK_SPECS,
-    SITE_COUNTS_CONSISTENT,
     UNIQUE_ACTORS_WITHIN_RAW_COUNT,
     check_first_party_count,
     check_no_unflagged_negative_delta,
@@ -128,72 +128,44 @@ def _ints(values: Mapping[str, int]) -> dict[str, dg.MetadataValue]:
     return {key: dg.MetadataValue.int(value) for key, value in values.items()}
 
 
-def _not_configured(context: dg.AssetExecutionContext, importer: Importer, days: Sequence[date]) -> None:
-    # No materialization at all, rather than an empty one: the days stay missing in the UI, so once the
-    # importer is configured a backfill of the missing partitions fills exactly them.
-    context.log.warning(
-        f"{importer.name} is not configured, so {_span(days)} is not materialized: {importer.not_configured_reason()}, "
-        "then backfill its missing partitions."
-    )
+def _require_configured(importer: Importer) -> None:
+    """An importer's asset is in the definitions only while its source is configured (``left_out_importers``).
+    Given an unconfigured client anyway (definitions assembled by hand), the step fails at once, without a
+    retry, naming what to set: it never succeeds having imported nothing."""
+    if not importer.is_configured():
+        raise dg.Failure(
+            description=f"{importer.name} is not configured: {importer.not_configured_reason()}",
+            allow_retries=False,
+        )
 
 
-SITE_ANALYTICS_SPEC = dg.AssetSpec(
-    SITE_KEY,
-    description=(
-        "Table `site_analytics_daily`: one row is one page's visitors and pageviews on one day from the visits "
-        "tagged with one utm_campaign. Plausible buckets days in the site's own time zone; set the site to UTC in "
-        "Plausible so its days line up with the events' UTC days. Not materialized while Plausible is not configured."
-    ),
-    group_name=GROUP,
-    kinds={"python", "plausible", "sql"},
-    owners=OWNERS,
-    skippable=True,
+SITE_ANALYTICS_DESCRIPTION = (
+    "Table `site_analytics_daily`: one row is one page's visitors and pageviews on one day from the visits "
+    "tagged with one utm_campaign. Plausible buckets days in the site's own time zone; set the site to UTC in "
+    "Plausible so its days line up with the events' UTC days. In the definitions only while Plausible is configured."
 )
-RELEASE_DOWNLOADS_SPEC = dg.AssetSpec(
-    DOWNLOADS_KEY,
-    description=(
-        "Table `github_release_download_daily`: one row is one release asset's downloads on one UTC day, the "
-        "difference between its snapshot for that day and the repository's previous snapshot (rows of a "
-        "repository's first snapshot are baselines with no known downloads). Snapshots are kept per asset id and "
-        "day in `github_release_asset_snapshot`. GitHub only reports current totals: a partition takes a snapshot "
-        "only while its day ended less than a day ago; re-running an older partition re-derives its deltas from "
-        "the stored snapshot. Not materialized while GitHub is not configured."
-    ),
-    group_name=GROUP,
-    kinds={"python", "github", "sql"},
-    owners=OWNERS,
-    skippable=True,
+RELEASE_DOWNLOADS_DESCRIPTION = (
+    "Table `github_release_download_daily`: one row is one release asset's downloads on one UTC day, the "
+    "difference between its snapshot for that day and the repository's previous snapshot (rows of a "
+    "repository's first snapshot are baselines with no known downloads). Snapshots are kept per asset id and "
+    "day in `github_release_asset_snapshot`. GitHub only reports current totals: a partition takes a snapshot "
+    "only while its day ended less than a day ago; re-running an older partition re-derives its deltas from "
+    "the stored snapshot. In the definitions only while GitHub is configured."
 )
-ROLLUP_SPEC = dg.AssetSpec(
-    ROLLUP_KEY,
-    description=(
-        "Table `measurement_daily_rollup`: one row is one (UTC day, campaign, source, stage, event type) with its "
-        "raw_count, its exact unique_actors that day (NULL for imported rows, whose actors are unknown) and the "
-        "serialized HLL sketch of its actor ids, which the report merges for unique actors over a range. Sources: "
-        "`first_party` events, `site_analytics` pageviews (by campaign.utm_campaign) and `github_releases` "
-        "downloads (by campaign.github_repo). Also refreshes the days' ISO weeks in `measurement_weekly_sketch`, "
-        "the per-week sketch unions the report merges for whole weeks."
-    ),
-    group_name=GROUP,
-    kinds={"sql", "datasketches"},
-    owners=OWNERS,
-    deps=[marketing_event_asset, SITE_KEY, DOWNLOADS_KEY],
-    skippable=True,
-    # Loading the asset (defs.load_asset_value, a downstream asset) reads the table as a DataFrame.
-).with_io_manager_key(ROLLUP_IO_MANAGER)
-
-
-def _selected(context: dg.AssetExecutionContext, asset: dg.AssetKey, check_name: str) -> bool:
-    """Whether the run asked for this check: a check left out of the selection is not computed at all."""
-    return dg.AssetCheckKey(asset, check_name) in context.selected_asset_check_keys
+ROLLUP_DESCRIPTION = (
+    "Table `measurement_daily_rollup`: one row is one (UTC day, campaign, source, stage, event type) with its "
+    "raw_count, its exact unique_actors that day (NULL for imported rows, whose actors are unknown) and the "
+    "serialized HLL sketch of its actor ids, which the report merges for unique actors over a range. Sources: "
+    "`first_party` events, `site_analytics` pageviews (by campaign.utm_campaign) and `github_releases` "
+    "downloads (by campaign.github_repo). Also refreshes the days' ISO weeks in `measurement_weekly_sketch`, "
+    "the per-week sketch unions the report merges for whole weeks."
+)
 
 
 def site_analytics(
     context: dg.AssetExecutionContext, engine: sa.Engine, plausible: PlausibleClient, days: Sequence[date]
-) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
-    if not plausible.is_configured():
-        _not_configured(context, plausible, days)
-        return
+) -> dg.MaterializeResult:
+    _require_configured(plausible)
     # One query for the whole range. Plausible's limit is an hourly window with no Retry-After: the client
     # fails the run at once ("retry after the hour") rather than keep a run waiting or spend more requests.
     try:
@@ -204,10 +176,8 @@ def site_analytics(
     for day in days:
         summary = replace_site_analytics_day(engine, day, by_day[day])
         unmapped.update(summary.unmapped_utm_campaigns)
-        yield dg.AssetMaterialization(
-            SITE_KEY,
-            partition=day.isoformat(),
-            metadata={
+        context.add_asset_metadata(
+            {
                 **_ints(
                     {
                         "rows": summary.rows,
@@ -219,23 +189,21 @@ def site_analytics(
                 ),
                 "status": dg.MetadataValue.text("imported"),
             },
+            partition_key=day.isoformat(),
         )
     if unmapped:
         context.log.warning(
             f"utm_campaign values with no campaign (set campaign.utm_campaign to count them): "
             f"{', '.join(sorted(unmapped)[:20])}"
         )
-    if _selected(context, SITE_KEY, SITE_COUNTS_CONSISTENT):
-        with engine.connect() as conn:
-            yield check_site_counts(conn, days)
+    with engine.connect() as conn:
+        return dg.MaterializeResult(check_results=[check_site_counts(conn, days)])
 
 
 def release_downloads(
     context: dg.AssetExecutionContext, engine: sa.Engine, github: GitHubReleasesClient, days: Sequence[date]
-) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult]:
-    if not github.is_configured():
-        _not_configured(context, github, days)
-        return
+) -> dg.MaterializeResult:
+    _require_configured(github)
     with engine.connect() as conn:
         repos = campaign_repos(conn)
     for day in days:
@@ -263,10 +231,8 @@ def release_downloads(
                 "reports only current totals, so its downloads cannot be reconstructed."
             )
         moved = {r.repo: r.moved_to for r in results if r.moved_to}
-        yield dg.AssetMaterialization(
-            DOWNLOADS_KEY,
-            partition=day.isoformat(),
-            metadata={
+        context.add_asset_metadata(
+            {
                 # A renamed or transferred repository still imports (GitHub redirects it); update the
                 # campaign's github_repo to the new name when it shows here.
                 **({"moved_repos": dg.MetadataValue.json(moved)} if moved else {}),
@@ -284,26 +250,23 @@ def release_downloads(
                 ),
                 "status": dg.MetadataValue.text("imported"),
             },
+            partition_key=day.isoformat(),
         )
-    if _selected(context, DOWNLOADS_KEY, NO_UNFLAGGED_NEGATIVE_DELTA):
-        with engine.connect() as conn:
-            yield check_no_unflagged_negative_delta(conn, days)
+    with engine.connect() as conn:
+        return dg.MaterializeResult(check_results=[check_no_unflagged_negative_delta(conn, days)])
 
 
 def rollup(
-    context: dg.AssetExecutionContext,
-    engine: sa.Engine,
-    days: Sequence[date],
-    left_out: Mapping[dg.AssetKey, str] | None = None,
-) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation | dg.Output[None]]:
+    context: dg.AssetExecutionContext, engine: sa.Engine, days: Sequence[date], left_out: Mapping[dg.AssetKey, str]
+) -> Iterator[dg.MaterializeResult | dg.AssetCheckEvaluation | dg.Output[None]]:
     # Idempotent: each day is deleted and rebuilt in its own transaction, then each week once.
     summaries = replace_rollup_days(engine, days)
+    # Each day says which sources it could not include, and what turns each on.
+    not_configured = "; ".join(f"{key.to_user_string()}: {reason}" for key, reason in left_out.items()) or "none"
     with engine.connect() as conn:
         for summary in summaries:
-            yield dg.AssetMaterialization(
-                ROLLUP_KEY,
-                partition=summary.day.isoformat(),
-                metadata={"funnel": dg.MetadataValue.md(funnel_markdown(conn, summary.day))}
+            context.add_asset_metadata(
+                {"funnel": dg.MetadataValue.md(funnel_markdown(conn, summary.day))}
                 | _counts_metadata(summary)
                 | _ints(
                     {
@@ -320,29 +283,24 @@ def rollup(
                     }
                 )
                 | {"week_start": dg.MetadataValue.text(summary.week_start.isoformat())}
-                # Each day says which sources it could not include, and what turns each on.
-                | {
-                    "sources_not_configured": dg.MetadataValue.text(
-                        "; ".join(f"{key.to_user_string()}: {reason}" for key, reason in (left_out or {}).items())
-                        or "none"
-                    )
-                },
+                | {"sources_not_configured": dg.MetadataValue.text(not_configured)},
+                partition_key=summary.day.isoformat(),
             )
         checks = {
-            name: check(conn, days)
-            for name, check in (
-                (FIRST_PARTY_COUNT_MATCHES, check_first_party_count),
-                (UNIQUE_ACTORS_WITHIN_RAW_COUNT, check_unique_actors_within_raw_count),
-            )
-            if _selected(context, ROLLUP_KEY, name)
+            FIRST_PARTY_COUNT_MATCHES: check_first_party_count(conn, days),
+            UNIQUE_ACTORS_WITHIN_RAW_COUNT: check_unique_actors_within_raw_count(conn, days),
         }
-    # One result per check and day, on the day's partition (after the day's materialization, which it names).
+    # One materialization per day, each with the day's metadata; the checks' results name them, so after.
+    yield dg.MaterializeResult()
     for name, results in checks.items():
+        # One result per check and day, on the day's partition: an AssetCheckResult takes the run's partition,
+        # which a range run does not have (checks.on_partition). Dagster still needs the check's output, which
+        # it yields itself only for an AssetCheckResult (without it the step fails: "did not return an output").
+        yield dg.Output(
+            None, context.assets_def.get_output_name_for_asset_check_key(dg.AssetCheckKey(ROLLUP_KEY, name))
+        )
         for day, result in results.items():
             yield on_partition(context.instance, result, day)
-        # The check's output, as Dagster yields it for an AssetCheckResult (else the run logs it as missing).
-        output = context.assets_def.get_output_name_for_asset_check_key(dg.AssetCheckKey(ROLLUP_KEY, name))
-        yield dg.Output(None, output)
     context.log.info(
         f"Rolled up {_span(days)}: {sum(s.first_party_events for s in summaries)} events into "
         f"{sum(s.rows for s in summaries)} rows."
@@ -390,31 +348,6 @@ def _counts_metadata(summary: RollupSummary) -> dict[str, dg.MetadataValue]:
     return metadata
 
 
-def _one_failure(failures: Mapping[dg.AssetKey, dg.Failure]) -> dg.Failure:
-    """The importers' failures as the step's one failure, naming each asset."""
-    return dg.Failure(
-        description="; ".join(f"{key.to_user_string()}: {failure.description}" for key, failure in failures.items()),
-        # A step retry re-runs both importers: worth it only if every failure may pass.
-        allow_retries=all(failure.allow_retries for failure in failures.values()),
-    )
-
-
-class ImportStep(NamedTuple):
-    """One importer's asset, its checks, the resource it fetches with and the function that imports days."""
-
-    spec: dg.AssetSpec
-    check_specs: Sequence[dg.AssetCheckSpec]
-    resource_key: str
-    import_days: Callable[..., Iterator[dg.AssetMaterialization | dg.AssetCheckResult]]
-
-
-# In the order a run imports them.
-IMPORTERS = {
-    SITE_KEY: ImportStep(SITE_ANALYTICS_SPEC, SITE_CHECK_SPECS, "plausible", site_analytics),
-    DOWNLOADS_KEY: ImportStep(RELEASE_DOWNLOADS_SPEC, DOWNLOAD_CHECK_SPECS, "github", release_downloads),
-}
-
-
 def left_out_importers(settings: Settings) -> dict[dg.AssetKey, str]:
     """The importer assets whose source ``settings`` leave unconfigured, each with what turns it on."""
     missing = missing_variables(settings)
@@ -425,36 +358,29 @@ def left_out_importers(settings: Settings) -> dict[dg.AssetKey, str]:
     }
 
 
-def _not_configured_sources(
-    left_out: Mapping[dg.AssetKey, str], importers: Sequence[dg.AssetKey], clients: Mapping[str, Importer]
-) -> dict[dg.AssetKey, str]:
-    """What the run's rollup could not include: the importers left out of the definitions, and those in
-    them whose client this run was given is not configured (they materialize nothing: ``_not_configured``).
-
-    The definitions' ``left_out`` alone is not the truth of a run: ``materialize`` with definitions built
-    without it (the demo's) and unconfigured clients imported nothing, yet the metadata said "none".
-    """
-    unconfigured = {
-        key: clients[IMPORTERS[key].resource_key].not_configured_reason()
-        for key in importers
-        if not clients[IMPORTERS[key].resource_key].is_configured()
-    }
-    reasons = {**left_out, **unconfigured}
-    return {key: reasons[key] for key in IMPORTERS if key in reasons}
+def _daily_asset(shared: Mapping[str, Any], **kwargs: Any) -> Callable[[Callable[..., Any]], dg.AssetsDefinition]:
+    """``dg.asset`` with the arguments every measurement asset shares (``shared``) and its own."""
+    with warnings.catch_warnings():
+        # "Parameter `backfill_policy` of function `asset` is currently in beta" (1.13.27; @multi_asset does not
+        # warn), once per asset at every code load: Dagster is pinned exactly, and test_backfill_range.py holds
+        # what a range run writes.
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return dg.asset(**shared, **kwargs)
 
 
-def build_measurement_daily(
+def build_measurement_assets(
     settings: Settings,
     *,
     retry_policy: dg.RetryPolicy = IMPORT_RETRY_POLICY,
     left_out: Mapping[dg.AssetKey, str] | None = None,
-) -> dg.AssetsDefinition:
-    """The measurement multi-asset, partitioned from MARKETING_MEASUREMENT_START_DATE; tests pass a retry
-    policy without delay.
+) -> list[dg.AssetsDefinition]:
+    """The measurement assets, one per table, partitioned from MARKETING_MEASUREMENT_START_DATE: the
+    importers not ``left_out``, then the rollup. Tests pass a retry policy without delay.
 
-    A backfill run holds at most MARKETING_BACKFILL_DAYS_PER_RUN days: a run costs seconds of Dagster
-    overhead whatever it holds, a day of the rollup a fraction of a second (benchmarks/backfill.py
-    measures the choice).
+    A backfill run holds at most MARKETING_BACKFILL_DAYS_PER_RUN days of each asset: a run costs seconds
+    of Dagster overhead whatever it holds, a day of the rollup a fraction of a second (benchmarks/backfill.py
+    measures the choice). A run's steps are the importers, then the rollup; a failed import fails the run
+    and Dagster does not run the rollup after it, while the other importer still imports.
 
     ``left_out``: importers that are not configured, each with what turns it on. They are not in the
     definitions at all, rather than assets whose every partition stays missing: the catalog shows
@@ -462,68 +388,79 @@ def build_measurement_daily(
     (whose description says what is left out) builds from the sources that are configured.
     """
     left_out = dict(left_out or {})
-    importers = [key for key in IMPORTERS if key not in left_out]
     partitions_def = measurement_partitions(settings.measurement_start_date)
-    rollup_spec = ROLLUP_SPEC.replace_attributes(
-        deps=[marketing_event_asset, *importers],
-        description=ROLLUP_SPEC.description
+    shared: dict[str, Any] = {
+        "partitions_def": partitions_def,
+        # Backfills by range: one run replaces up to backfill_days_per_run days, each in its own transaction.
+        "backfill_policy": dg.BackfillPolicy.multi_run(max_partitions_per_run=settings.backfill_days_per_run),
+        "retry_policy": retry_policy,
+        "group_name": GROUP,
+        "owners": OWNERS,
+    }
+
+    @_daily_asset(
+        shared,
+        key=SITE_KEY,
+        description=SITE_ANALYTICS_DESCRIPTION,
+        kinds={"python", "plausible", "sql"},
+        check_specs=SITE_CHECK_SPECS,
+    )
+    def site_analytics_daily(
+        context: dg.AssetExecutionContext, app_db: AppDatabase, plausible: PlausibleClient
+    ) -> dg.MaterializeResult:
+        return site_analytics(context, app_db.ready_engine(), plausible, partition_days(context))
+
+    @_daily_asset(
+        shared,
+        key=DOWNLOADS_KEY,
+        description=RELEASE_DOWNLOADS_DESCRIPTION,
+        kinds={"python", "github", "sql"},
+        check_specs=DOWNLOAD_CHECK_SPECS,
+    )
+    def github_release_downloads_daily(
+        context: dg.AssetExecutionContext, app_db: AppDatabase, github: GitHubReleasesClient
+    ) -> dg.MaterializeResult:
+        return release_downloads(context, app_db.ready_engine(), github, partition_days(context))
+
+    importers = [a for a in (site_analytics_daily, github_release_downloads_daily) if a.key not in left_out]
+
+    @_daily_asset(
+        shared,
+        key=ROLLUP_KEY,
+        description=ROLLUP_DESCRIPTION
         + "".join(
             f"\n\nNot configured, so not in these definitions: `{key.to_user_string()}` ({reason})."
             for key, reason in left_out.items()
         ),
+        kinds={"sql", "datasketches"},
+        deps=[marketing_event_asset, *(a.key for a in importers)],
+        check_specs=rollup_check_specs(partitions_def),
+        # Loading the asset (defs.load_asset_value, a downstream asset) reads the table as a DataFrame.
+        io_manager_key=ROLLUP_IO_MANAGER,
     )
+    def measurement_daily_rollup(
+        context: dg.AssetExecutionContext, app_db: AppDatabase
+    ) -> Iterator[dg.MaterializeResult | dg.AssetCheckEvaluation | dg.Output[None]]:
+        yield from rollup(context, app_db.ready_engine(), partition_days(context), left_out)
 
-    @dg.multi_asset(
-        name="measurement_daily",
-        specs=[*(IMPORTERS[key].spec for key in importers), rollup_spec],
-        check_specs=[
-            *(spec for key in importers for spec in IMPORTERS[key].check_specs),
-            *rollup_check_specs(partitions_def),
-        ],
-        partitions_def=partitions_def,
-        can_subset=True,
-        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run=settings.backfill_days_per_run),
-        retry_policy=retry_policy,
-    )
-    def measurement_daily(
-        context: dg.AssetExecutionContext, app_db: AppDatabase, plausible: PlausibleClient, github: GitHubReleasesClient
-    ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckResult | dg.AssetCheckEvaluation | dg.Output[None]]:
-        """The importers, then the rollup, for the run's days (one, or a backfill run's range).
-
-        One step for the three assets, not three assets, because an asset that materializes nothing (an
-        importer that is not configured) makes Dagster skip every step downstream of it in the run
-        (dagster-io/dagster#9408), and the rollup must still run. Each asset is materialized once per
-        day with that day's metadata, and each day is replaced in its own transaction.
-        """
-        days = partition_days(context)
-        engine = app_db.ready_engine()
-        selected = context.selected_asset_keys
-        clients = {"plausible": plausible, "github": github}
-        failures: dict[dg.AssetKey, dg.Failure] = {}
-        for key in importers:
-            if key in selected:
-                step = IMPORTERS[key]
-                try:
-                    yield from step.import_days(context, engine, clients[step.resource_key], days)
-                except dg.Failure as exc:
-                    # The other importer still runs; the rollup waits for a run in which both imports succeed.
-                    failures[key] = exc
-        if failures:
-            raise _one_failure(failures)
-        if ROLLUP_KEY in selected:
-            yield from rollup(context, engine, days, _not_configured_sources(left_out, importers, clients))
-
-    return measurement_daily
+    return [*importers, measurement_daily_rollup]
 
 
+# The rollup with its own checks. today_is_current (freshness.py), a check on the rollup too, is recorded by its
+# sensor and executed on its own from the UI; the runs of these jobs leave it out, as they always have.
+_ROLLUP_AND_ITS_CHECKS = dg.AssetSelection.assets(ROLLUP_KEY).without_checks() | dg.AssetSelection.checks(
+    dg.AssetCheckKey(ROLLUP_KEY, FIRST_PARTY_COUNT_MATCHES),
+    dg.AssetCheckKey(ROLLUP_KEY, UNIQUE_ACTORS_WITHIN_RAW_COUNT),
+)
 measurement_daily_job = dg.define_asset_job(
     "measurement_daily_job",
-    # The group's materializable assets: the rollup and whichever importers the definitions hold.
-    selection=dg.AssetSelection.groups(GROUP).materializable(),
+    # The group's materializable assets: the rollup and whichever importers the definitions hold, with their checks.
+    selection=(dg.AssetSelection.groups(GROUP).materializable() - dg.AssetSelection.assets(ROLLUP_KEY))
+    | _ROLLUP_AND_ITS_CHECKS,
     description="Imports one day from Plausible and GitHub, then rebuilds that day's rollup.",
 )
 measurement_rollup_job = dg.define_asset_job(
     "measurement_rollup_job",
-    selection=dg.AssetSelection.assets(ROLLUP_KEY),
+    selection=_ROLLUP_AND_ITS_CHECKS,
     description="Rebuilds one day's rollup from the events and imports already stored (late events).",
 )

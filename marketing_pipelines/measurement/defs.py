@@ -6,7 +6,7 @@ import dagster as dg
 
 from marketing_pipelines.measurement.assets import (
     ROLLUP_IO_MANAGER,
-    build_measurement_daily,
+    build_measurement_assets,
     left_out_importers,
     measurement_daily_job,
     measurement_rollup_job,
@@ -34,7 +34,7 @@ def importer_resources(
 def build_defs(settings: Settings) -> dg.Definitions:
     """The domain's definitions as ``settings`` shape them: partitions, backfill policy, intervals, resources."""
     return dg.Definitions(
-        assets=[observe_marketing_event, build_measurement_daily(settings, left_out=left_out_importers(settings))],
+        assets=[observe_marketing_event, *build_measurement_assets(settings, left_out=left_out_importers(settings))],
         jobs=[measurement_daily_job, measurement_rollup_job],
         schedules=[build_measurement_daily_schedule(settings)],
         asset_checks=[build_today_is_current(settings)],

@@ -11,8 +11,10 @@ which nothing needed rebuilding; ``build_time_partition_freshness_checks`` only 
 partition exists; both are superseded in 1.13 (each load prints a warning), and their sensor launches
 a run per evaluation. ``measurement_freshness_sensor`` records the evaluation without a run, as
 ``queue_health_sensor`` does; the check definition lists it under the rollup in the UI and computes
-it afresh when executed from there. The rollup jobs select it with their asset, but its step is
-skipped in their runs (the multi-asset reports materializations, not outputs), which stay green.
+it afresh when executed from there. The rollup jobs leave it out of their selection, so their runs (the
+schedule's, the late-events sensor's, job backfills) do not evaluate it; a materialization of the rollup
+launched from the asset's page selects the asset's checks, this one too, and evaluates it after the
+rollup (WARN at most, as the sensor would).
 """
 
 from collections.abc import Mapping

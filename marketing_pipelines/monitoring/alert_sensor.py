@@ -22,7 +22,6 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 import dagster as dg
 import sqlalchemy as sa
@@ -40,10 +39,6 @@ from marketing_pipelines.monitoring.alerts import (
     failure_reason,
     format_alert,
 )
-
-if TYPE_CHECKING:
-    # What the instance's check history returns; not exported at dagster's top level in 1.13.27.
-    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecord
 
 WATCHED_JOBS = frozenset({marketing_execution_job.name, agent_run_job.name})
 # Run-failure events read per tick; more wait for the next tick (the cursor stops at the last read).
@@ -137,8 +132,9 @@ def watched_checks(repository_def: dg.RepositoryDefinition | None) -> list[dg.As
     return sorted(repository_def.asset_graph.asset_check_keys, key=lambda k: k.to_user_string())
 
 
-def _evaluation(record: AssetCheckExecutionRecord) -> dg.AssetCheckEvaluation | None:
-    event = record.event.dagster_event if record.event else None
+def _evaluation(entry: dg.EventLogEntry | None) -> dg.AssetCheckEvaluation | None:
+    """The evaluation a check execution record's event holds (None while the check is only planned)."""
+    event = entry.dagster_event if entry else None
     data = event.event_specific_data if event else None
     return data if isinstance(data, dg.AssetCheckEvaluation) else None
 
@@ -170,7 +166,7 @@ def check_changes(
         history = storage.get_asset_check_execution_history(key, limit=CHECK_HISTORY_LIMIT)
         last_id, at_error, entered, detail, at = state.last_id, state.at_error, False, "", None
         for record in sorted((r for r in history if r.id > state.last_id), key=lambda r: r.id):
-            evaluation = _evaluation(record)
+            evaluation = _evaluation(record.event)
             if evaluation is None:
                 run = instance.get_run_by_id(record.run_id) if record.run_id else None
                 if run is not None and not run.is_finished:
@@ -194,7 +190,7 @@ def baseline(instance: dg.DagsterInstance, keys: Sequence[dg.AssetCheckKey]) -> 
     latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(list(keys))
     checks = {}
     for key, record in latest.items():
-        evaluation = _evaluation(record)
+        evaluation = _evaluation(record.event)
         at_error = (
             evaluation is not None and not evaluation.passed and evaluation.severity == dg.AssetCheckSeverity.ERROR
         )

@@ -1,4 +1,4 @@
-"""Running the measurement multi-asset in-process, for one day or a backfill run's range of days."""
+"""Running the measurement assets in-process, for one day or a backfill run's range of days."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from marketing_pipelines.measurement.assets import RANGE_END_TAG, RANGE_START_TA
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
-from marketing_pipelines_tests.built import measurement_daily
+from marketing_pipelines_tests.built import measurement_assets
 
 
 def materialize_measurement(
@@ -39,7 +39,7 @@ def materialize_measurement(
         }
     )
     return dg.materialize(
-        [measurement_daily],
+        measurement_assets,
         selection=list(selection),
         instance=instance or dg.DagsterInstance.ephemeral(),
         resources={

@@ -46,7 +46,7 @@ from marketing_pipelines.measurement.report.frames import (
     rollup_frame,
 )
 from marketing_pipelines.settings import load_settings
-from marketing_pipelines_tests.built import measurement_daily
+from marketing_pipelines_tests.built import measurement_assets
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ANALYSTS.md"
 FENCED = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -235,7 +235,7 @@ def test_the_three_frames_agree_after_the_demo(demo: Demo) -> None:
         "github": GitHubReleasesClient(),
         ROLLUP_IO_MANAGER: RollupFrameIOManager(url=demo.url),
     }
-    defs = dg.Definitions(assets=[measurement_daily], resources=resources)
+    defs = dg.Definitions(assets=measurement_assets, resources=resources)
     loaded = defs.load_asset_value("measurement_daily_rollup", partition_key=day.isoformat())
     loaded = loaded[loaded["campaign_id"] == CAMPAIGN].reset_index(drop=True)
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import dagster as dg
 import httpx
+import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.db.resources import AppDatabase
@@ -17,14 +18,20 @@ from marketing_pipelines.db.schema import (
     measurement_daily_rollup,
     site_analytics_daily,
 )
-from marketing_pipelines.measurement.assets import IMPORT_RETRY_POLICY, ROLLUP_IO_MANAGER, build_measurement_daily
+from marketing_pipelines.measurement.assets import (
+    IMPORT_RETRY_POLICY,
+    ROLLUP_IO_MANAGER,
+    build_measurement_assets,
+    left_out_importers,
+    measurement_daily_job,
+)
 from marketing_pipelines.measurement.checks import SITE_COUNTS_CONSISTENT, check_no_unflagged_negative_delta
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.importers.store import import_repo_day
 from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE_KEY
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
-from marketing_pipelines_tests.built import DEFAULTS, measurement_daily
+from marketing_pipelines_tests.built import DEFAULTS, measurement_assets
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.fake_services import (
     Api,
@@ -70,21 +77,51 @@ def test_unconfigured_importers_materialize_nothing_and_the_rollup_still_runs(en
     add_campaign(engine, "alpha", utm_campaign="alpha26", github_repo=REPO)
     instance = dg.DagsterInstance.ephemeral()
     day = date(2026, 11, 26)
-    result = materialize([site_asset, github_release_downloads_daily, rollup_asset], db_url, day, instance)
+    # The deployment's definitions on the defaults: the importers are left out, the daily job is the rollup.
+    defs = dg.Definitions(
+        assets=build_measurement_assets(DEFAULTS, left_out=left_out_importers(DEFAULTS)),
+        jobs=[measurement_daily_job],
+        resources={"app_db": AppDatabase(url=db_url), ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url)},
+    )
+    result = defs.resolve_job_def(measurement_daily_job.name).execute_in_process(
+        instance=instance, partition_key=day.isoformat()
+    )
     assert result.success
-    # The importers' days stay missing (a backfill fills them once configured); the log says why.
+    # The importers' days stay missing (a backfill fills them once configured).
     assert [e.asset_key for e in result.get_asset_materialization_events()] == [ROLLUP_KEY]
     assert instance.get_materialized_partitions(SITE_KEY) == set()
     assert instance.get_materialized_partitions(DOWNLOADS_KEY) == set()
     assert instance.get_materialized_partitions(ROLLUP_KEY) == {day.isoformat()}
-    logged = _log(instance, result)
-    assert "plausible is not configured, so 2026-11-26 is not materialized: set PLAUSIBLE_API_KEY and" in logged
-    assert "github_releases is not configured, so 2026-11-26 is not materialized: set GITHUB_TOKEN" in logged
     assert metadata(result, "measurement_daily_rollup")["rows"] == 0
 
 
-def _log(instance: dg.DagsterInstance, result: dg.ExecuteInProcessResult) -> str:
-    return "\n".join(r.user_message for r in instance.all_logs(result.run_id) if r.user_message)
+def test_an_importer_given_an_unconfigured_client_fails_its_run_and_the_other_importer_still_imports(
+    engine: sa.Engine, db_url: str
+) -> None:
+    # Definitions assembled by hand with every importer in, Plausible's client not configured: the step fails
+    # at once, without a retry, naming what to set; GitHub still imports; the rollup does not run.
+    add_campaign(engine, "alpha", utm_campaign="alpha26", github_repo=REPO)
+    day = datetime.now(UTC).date() - timedelta(days=1)
+    github_api = Api(lambda request: releases({7: 1000}))
+    result = run_measurement(
+        measurement_assets,
+        dg.AssetSelection.assets(SITE_KEY, DOWNLOADS_KEY, ROLLUP_KEY),
+        db_url,
+        day,
+        PlausibleClient(),
+        mocked_github(github_api),
+    )
+    assert not result.success
+    assert result.dagster_run.status == dg.DagsterRunStatus.FAILURE
+    [failure] = step_events(result, dg.DagsterEventType.STEP_FAILURE)
+    assert failure.step_key == "site_analytics_daily"
+    assert "plausible is not configured: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID" in str(
+        failure.step_failure_data.error
+    )
+    assert step_events(result, dg.DagsterEventType.STEP_UP_FOR_RETRY) == []
+    assert [e.asset_key for e in result.get_asset_materialization_events()] == [DOWNLOADS_KEY]
+    assert len(github_api.requests) == 1
+    assert ROLLUP_KEY not in {e.asset_key for e in result.get_asset_materialization_events()}
 
 
 def test_site_analytics_replaces_its_day_and_maps_by_utm_campaign(engine: sa.Engine, db_url: str) -> None:
@@ -230,7 +267,7 @@ def plausible_days(request: httpx.Request, rows: dict[date, list[tuple[str, str,
 
 
 def run_measurement(
-    asset: dg.AssetsDefinition,
+    assets: list[dg.AssetsDefinition],
     selection: dg.AssetSelection,
     db_url: str,
     day: date,
@@ -238,7 +275,7 @@ def run_measurement(
     github: GitHubReleasesClient | None = None,
 ) -> dg.ExecuteInProcessResult:
     return dg.materialize(
-        [asset],
+        assets,
         selection=selection,
         partition_key=day.isoformat(),
         instance=dg.DagsterInstance.ephemeral(),
@@ -290,23 +327,27 @@ def test_site_counts_check_passes_on_good_days_and_names_the_bad_day(engine: sa.
     assert passing.passed and passing.metadata["failing_days"].value == 0
 
 
-def test_an_unselected_site_check_is_not_computed(engine: sa.Engine, db_url: str) -> None:
+def test_an_assets_checks_run_with_it_and_cannot_be_left_out(engine: sa.Engine, db_url: str) -> None:
+    # A plain asset's checks are part of its step: a selection without them is refused, not computed half.
     add_campaign(engine, "alpha", utm_campaign="alpha26")
     day = date(2026, 11, 26)
     api = Api(lambda request: plausible_rows(day, [("alpha26", "/", 5, -2)]))
-    result = run_measurement(
-        measurement_daily, dg.AssetSelection.assets(SITE_KEY).without_checks(), db_url, day, mocked_plausible(api)
-    )
-    assert result.success
+    with pytest.raises(dg.DagsterInvalidDefinitionError):
+        run_measurement(
+            measurement_assets, dg.AssetSelection.assets(SITE_KEY).without_checks(), db_url, day, mocked_plausible(api)
+        )
+    assert api.requests == []
+    result = run_measurement(measurement_assets, dg.AssetSelection.assets(SITE_KEY), db_url, day, mocked_plausible(api))
     assert [e.asset_key for e in result.get_asset_materialization_events()] == [SITE_KEY]
-    assert result.get_asset_check_evaluations() == []
+    assert [(c.check_name, c.passed) for c in result.get_asset_check_evaluations()] == [(SITE_COUNTS_CONSISTENT, False)]
 
 
-def test_the_measurement_step_retries_with_backoff_and_jitter() -> None:
-    policy = measurement_daily.op.retry_policy
-    assert policy == IMPORT_RETRY_POLICY
-    assert policy is not None and policy.max_retries == 3 and policy.delay and policy.delay >= 10
-    assert (policy.backoff, policy.jitter) == (dg.Backoff.EXPONENTIAL, dg.Jitter.PLUS_MINUS)
+def test_every_measurement_step_retries_with_backoff_and_jitter() -> None:
+    for asset in measurement_assets:
+        policy = asset.op.retry_policy
+        assert policy == IMPORT_RETRY_POLICY, asset.key
+        assert policy is not None and policy.max_retries == 3 and policy.delay and policy.delay >= 10
+        assert (policy.backoff, policy.jitter) == (dg.Backoff.EXPONENTIAL, dg.Jitter.PLUS_MINUS)
 
 
 def step_events(result: dg.ExecuteInProcessResult, event_type: dg.DagsterEventType) -> list[dg.DagsterEvent]:
@@ -321,7 +362,7 @@ def test_a_transient_plausible_failure_retries_the_step_which_rewrites_its_day(e
         lambda request: httpx.Response(503) if len(api.requests) <= 5 else plausible_rows(day, [("alpha26", "/", 3, 4)])
     )
     github_api = Api(lambda request: releases({7: 1000}))
-    retry_at_once = build_measurement_daily(DEFAULTS, retry_policy=dg.RetryPolicy(max_retries=1))
+    retry_at_once = build_measurement_assets(DEFAULTS, retry_policy=dg.RetryPolicy(max_retries=1))
     result = run_measurement(
         retry_at_once,
         dg.AssetSelection.assets(SITE_KEY, DOWNLOADS_KEY, ROLLUP_KEY),
@@ -332,8 +373,8 @@ def test_a_transient_plausible_failure_retries_the_step_which_rewrites_its_day(e
     )
     assert result.success
     assert len(step_events(result, dg.DagsterEventType.STEP_UP_FOR_RETRY)) == 1
-    assert len(api.requests) == 6 and len(github_api.requests) == 2
-    # The first attempt stored the GitHub day before Plausible failed; the retry replaced it, adding nothing.
+    # Only the failed step is retried: GitHub's day was imported once, and the rollup ran after the retry.
+    assert len(api.requests) == 6 and len(github_api.requests) == 1
     s, g, r = site_analytics_daily, github_release_download_daily, measurement_daily_rollup
     with engine.connect() as conn:
         assert conn.execute(sa.select(s.c.utm_campaign, s.c.page, s.c.pageviews)).all() == [("alpha26", "/", 4)]
@@ -355,7 +396,7 @@ def test_a_rejected_plausible_key_fails_without_a_step_retry(engine: sa.Engine, 
     day = date(2026, 11, 26)
     api = Api(lambda request: httpx.Response(401, json={"error": "Invalid API key"}))
     result = run_measurement(
-        build_measurement_daily(DEFAULTS, retry_policy=dg.RetryPolicy(max_retries=3)),
+        build_measurement_assets(DEFAULTS, retry_policy=dg.RetryPolicy(max_retries=3)),
         dg.AssetSelection.assets(SITE_KEY, ROLLUP_KEY),
         db_url,
         day,

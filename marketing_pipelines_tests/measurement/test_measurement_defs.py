@@ -6,7 +6,7 @@ import dagster as dg
 import pytest
 
 from marketing_pipelines.measurement.assets import (
-    build_measurement_daily,
+    build_measurement_assets,
     left_out_importers,
     marketing_event_asset,
     measurement_daily_job,
@@ -54,12 +54,13 @@ PLAUSIBLE_ENV = {"PLAUSIBLE_API_KEY": "k", "PLAUSIBLE_SITE_ID": "example.com"}
 def test_an_importer_is_in_the_definitions_only_when_its_source_is_configured(
     environ: dict[str, str], importers: set[dg.AssetKey]
 ) -> None:
-    assets = build_measurement_daily(settings_from(environ), left_out=left_out_importers(settings_from(environ)))
-    assert set(assets.keys) == {ROLLUP, *importers}
-    assert set(assets.asset_deps[ROLLUP]) == {dg.AssetKey("marketing_event"), *importers}
-    assert {key.asset_key for key in assets.check_keys} == {ROLLUP, *importers}
+    assets = build_measurement_assets(settings_from(environ), left_out=left_out_importers(settings_from(environ)))
+    by_key = {asset.key: asset for asset in assets}
+    assert set(by_key) == {ROLLUP, *importers}
+    assert set(by_key[ROLLUP].asset_deps[ROLLUP]) == {dg.AssetKey("marketing_event"), *importers}
+    assert {key.asset_key for asset in assets for key in asset.check_keys} == {ROLLUP, *importers}
     # The catalog says what is left out and what turns it on, on the rollup everyone looks at.
-    description = assets.specs_by_key[ROLLUP].description or ""
+    description = by_key[ROLLUP].specs_by_key[ROLLUP].description or ""
     for key in (SITE, DOWNLOADS):
         assert (f"`{key.to_user_string()}` (set " in description) == (key not in importers), key
     if not environ:
@@ -70,7 +71,7 @@ def test_the_daily_job_selects_the_importers_the_definitions_hold() -> None:
     for environ in ({}, {**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t"}):
         assets = [
             marketing_event_asset,
-            build_measurement_daily(settings_from(environ), left_out=left_out_importers(settings_from(environ))),
+            *build_measurement_assets(settings_from(environ), left_out=left_out_importers(settings_from(environ))),
         ]
         # Resources are bound where the deployment assembles them; the selection needs only the graph.
         graph = dg.Definitions(assets=assets, resources=UNBOUND).resolve_asset_graph()
@@ -112,66 +113,57 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
         ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
     }
     day = "2026-11-20"
-    assets = build_measurement_daily(DEFAULTS, left_out=left_out_importers(DEFAULTS))
+    assets = build_measurement_assets(DEFAULTS, left_out=left_out_importers(DEFAULTS))
     with dg.instance_for_test() as instance:
         for _ in range(3):
             result = dg.materialize(
-                [marketing_event_asset, assets], selection=[ROLLUP], instance=instance, resources=resources,
+                [marketing_event_asset, *assets], selection=[ROLLUP], instance=instance, resources=resources,
                 partition_key=day,
             )  # fmt: skip
             assert result.success
-        [materialization] = result.asset_materializations_for_node("measurement_daily")
+        [materialization] = result.asset_materializations_for_node("measurement_daily_rollup")
         shown = materialization.metadata["sources_not_configured"].value
         assert shown == "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; " + (
             "github_release_downloads_daily: set GITHUB_TOKEN"
         )
-        graph = dg.Definitions(assets=[marketing_event_asset, assets], resources=resources).resolve_asset_graph()
+        graph = dg.Definitions(assets=[marketing_event_asset, *assets], resources=resources).resolve_asset_graph()
         resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
         assert resolver.get_stale_causes(ROLLUP, day) == []
         assert resolver.get_status(ROLLUP, day) == StaleStatus.FRESH
 
 
-NAMED = {
-    SITE: "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID",
-    DOWNLOADS: "github_release_downloads_daily: set GITHUB_TOKEN (unauthenticated GitHub allows 60 requests an hour)",
-}
-
-
 @pytest.mark.parametrize(
-    ("left_out_of_definitions", "github_token", "shown"),
+    ("environ", "shown"),
     [
-        # The demo's run: definitions built without left_out, both clients unconfigured.
-        (False, None, f"{NAMED[SITE]}; {NAMED[DOWNLOADS]}"),
-        # Only GitHub's client configured: Plausible alone is named.
-        (False, "t", NAMED[SITE]),
-        # The deployment's definitions on the defaults: both left out, named by what turns each on.
-        (True, None, "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; "
+        # The defaults (the demo's code location): both importers left out, named by what turns each on.
+        ({}, "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; "
          "github_release_downloads_daily: set GITHUB_TOKEN"),
+        # Only GitHub configured: Plausible alone is named.
+        ({"GITHUB_TOKEN": "t"}, "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID"),
+        # Both configured: every source is in the definitions, and an importer in them is configured.
+        ({**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t"}, "none"),
     ],
 )  # fmt: skip
-def test_the_rollups_metadata_names_every_source_the_run_could_not_import(
-    sqlite_url: str, left_out_of_definitions: bool, github_token: str | None, shown: str
+def test_the_rollups_metadata_names_every_source_the_definitions_leave_out(
+    sqlite_url: str, environ: dict[str, str], shown: str
 ) -> None:
     from marketing_pipelines.db.resources import AppDatabase
     from marketing_pipelines.measurement.assets import ROLLUP_IO_MANAGER
-    from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
-    from marketing_pipelines.measurement.importers.plausible import PlausibleClient
     from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 
+    settings = settings_from(environ)
     resources = {
         "app_db": AppDatabase(url=sqlite_url),
-        "plausible": PlausibleClient(),
-        "github": GitHubReleasesClient(token=github_token),
+        **importer_resources(settings, environ=environ),
         ROLLUP_IO_MANAGER: RollupFrameIOManager(url=sqlite_url),
     }
-    left_out = left_out_importers(DEFAULTS) if left_out_of_definitions else None
-    assets = build_measurement_daily(DEFAULTS, left_out=left_out)
+    assets = build_measurement_assets(settings, left_out=left_out_importers(settings))
     with dg.instance_for_test() as instance:
         # Only the rollup is selected, so a configured client is never called.
         result = dg.materialize(
-            [marketing_event_asset, assets], selection=[ROLLUP], instance=instance, resources=resources,
+            [marketing_event_asset, *assets], selection=[ROLLUP], instance=instance, resources=resources,
             partition_key="2026-11-20",
         )  # fmt: skip
         assert result.success
-        [materialization] = result.asset_materializations_for_node("measurement_daily")
+        [materialization] = result.asset_materializations_for_node("measurement_daily_rollup")
     assert materialization.metadata["sources_not_configured"].value == shown
