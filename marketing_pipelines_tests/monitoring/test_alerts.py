@@ -203,7 +203,12 @@ def test_a_failed_agent_run_alerts_with_its_agent_and_reason(
         run_config=request.run_config,
         tags=request.tags,
         instance=instance,
-        resources={"app_db": AppDatabase(url=db_url), **unconfigured_models(), "agent_settings": AgentSettings()},
+        resources={
+            "app_db": AppDatabase(url=db_url),
+            **unconfigured_models(),
+            "webhook": WebhookClient(),
+            "agent_settings": AgentSettings(),
+        },
         raise_on_error=False,
     )
     assert not run.success
