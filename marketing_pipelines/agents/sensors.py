@@ -14,8 +14,8 @@ from marketing_pipelines import run_tags
 from marketing_pipelines.agents.jobs import OP_NAME, POOL, agent_run_job
 from marketing_pipelines.agents.queue import AGENT_RUNS, running_count
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.db.lease import CANCELLED, new_claim_owner, renew_many
-from marketing_pipelines.db.leased_runs import (
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.leasing.claims import (
     Room,
     claim_requests,
     claiming_sensor,
@@ -23,7 +23,7 @@ from marketing_pipelines.db.leased_runs import (
     run_end_sensors,
     sensor_instance,
 )
-from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.leasing.lease import CANCELLED, new_claim_owner, renew_many
 
 # Claimed agent runs per unit of pool limit: the pool's own, plus as many waiting in Dagster's run queue
 # to start the moment one ends (docs/PERFORMANCE.md, "Agent pool kept busy").

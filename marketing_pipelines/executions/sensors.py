@@ -12,8 +12,11 @@ import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
-from marketing_pipelines.db.lease import CANCELLED, LEASE_EXPIRED_ERROR, Recovery, claimed_waiting, new_claim_owner
-from marketing_pipelines.db.leased_runs import (
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
+from marketing_pipelines.executions.queue import EXECUTIONS, attempt_outcome, end_attempt, end_open_attempts
+from marketing_pipelines.executions.resources import ExecutionSettings
+from marketing_pipelines.leasing.claims import (
     Room,
     claim_requests,
     claiming_sensor,
@@ -22,10 +25,7 @@ from marketing_pipelines.db.leased_runs import (
     run_never_started,
     sensor_instance,
 )
-from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
-from marketing_pipelines.executions.queue import EXECUTIONS, attempt_outcome, end_attempt, end_open_attempts
-from marketing_pipelines.executions.resources import ExecutionSettings
+from marketing_pipelines.leasing.lease import CANCELLED, LEASE_EXPIRED_ERROR, Recovery, claimed_waiting, new_claim_owner
 from marketing_pipelines.redact import redact_text
 
 # The run's tags are run_tags' fixed set (no key per execution). A tag value is shown whole in the UI's

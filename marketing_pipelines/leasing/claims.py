@@ -1,6 +1,6 @@
 """The Dagster side of the lease protocol both queues share: claim into run requests, take over, reconcile.
 
-`db/lease.py` holds the SQL; this module holds what a claiming sensor, the op of a run and a
+`leasing/lease.py` holds the SQL; this module holds what a claiming sensor, the op of a run and a
 run-status sensor do with it, identically for executions and agent runs: the tags a run carries
 to say who claimed it, the lease owner a run takes over as, the claim-and-summary of a tick, the
 take-over at the top of an op, and the reconciliation of a run that ended without recording.
@@ -18,7 +18,7 @@ import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
-from marketing_pipelines.db.lease import (
+from marketing_pipelines.leasing.lease import (
     CANCELLED,
     RUNNING,
     LeaseQueue,
