@@ -1,4 +1,4 @@
-"""Claims per second of the project's claim (db/lease.py claim_batch) next to its ceiling.
+"""Claims per second of the project's claim (leasing/lease.py claim_batch) next to its ceiling.
 
 The ceiling is the bare statement written inline: ``UPDATE ... FROM (SELECT id ... FOR UPDATE
 SKIP LOCKED LIMIT n) RETURNING id`` on PostgreSQL, the conditional ``UPDATE ... RETURNING id`` on
@@ -22,9 +22,9 @@ from _common import print_table, throwaway_database
 from _seed import seed_due
 
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.lease import claim_batch
 from marketing_pipelines.db.schema import marketing_execution as t
 from marketing_pipelines.executions.queue import EXECUTIONS
+from marketing_pipelines.leasing.lease import claim_batch
 
 BARE_PG = sa.text(
     "WITH picked AS MATERIALIZED (SELECT id FROM marketing_execution WHERE status = 'SCHEDULED' "

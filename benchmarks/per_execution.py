@@ -50,13 +50,13 @@ from _daemon import dagster_storage_database, environ
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.lease import claim_batch
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
 from marketing_pipelines.executions.queue import EXECUTIONS
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.sensors import build_due_executions_sensor
 from marketing_pipelines.executions.webhook import WebhookClient
+from marketing_pipelines.leasing.lease import claim_batch
 from marketing_pipelines_tests.factories import add_campaign
 
 # Evaluated directly, as the daemon would: the interval only paces the daemon's ticks.

@@ -13,11 +13,11 @@ import sqlalchemy as sa
 from marketing_pipelines import run_tags
 from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
-from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.executions.jobs import marketing_execution_job
 from marketing_pipelines.executions.queue import EXECUTIONS
 from marketing_pipelines.executions.sensors import executions_of_run
+from marketing_pipelines.leasing.claims import take_over_rows
 from marketing_pipelines.measurement import sketches
 from marketing_pipelines.monitoring.alert_sensor import run_failures_after
 from marketing_pipelines.monitoring.alerts import Alert, describe_failed_runs, format_alert

@@ -19,8 +19,8 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.queue import cancel_agent_run
-from marketing_pipelines.db.lease import claim_batch
 from marketing_pipelines.executions.queue import EXECUTIONS, cancel_execution, start_attempts
+from marketing_pipelines.leasing.lease import claim_batch
 from marketing_pipelines.measurement.report.model import DailyPoint, FunnelStep, MeasurementReport, RangeTotal
 from marketing_pipelines.measurement.report.rendering import render
 from marketing_pipelines.measurement.rollup.daily import replace_rollup_day

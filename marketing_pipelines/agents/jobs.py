@@ -23,11 +23,11 @@ from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript, get_agent_r
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.runner import AgentResult, AgentStopped, LeaseLost, RunLimits, run_agent_loop
 from marketing_pipelines.agents.users import get_user
-from marketing_pipelines.db.lease import LeaseKeeper, finish, retry_or_fail
-from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.http import RateLimited, ServiceError
+from marketing_pipelines.leasing.claims import take_over_rows
+from marketing_pipelines.leasing.lease import LeaseKeeper, finish, retry_or_fail
 from marketing_pipelines.redact import redact_text, shown_text
 
 OP_NAME = "run_agent"

@@ -14,9 +14,9 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents.users import Grant, User, current_grants, grants_on_campaign, holds, require_user
 from marketing_pipelines.db.campaigns import require_campaign
-from marketing_pipelines.db.lease import RETRYABLE, LeaseQueue, cancel
 from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.leasing.lease import RETRYABLE, LeaseQueue, cancel
 from marketing_pipelines.settings import MODEL_PROVIDERS, Settings, current_settings
 from marketing_pipelines.strict_json import parse_json_object
 

@@ -6,6 +6,8 @@
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import dagster as dg
 import sqlalchemy as sa
@@ -14,8 +16,8 @@ from marketing_pipelines import run_tags
 from marketing_pipelines.agents.jobs import OP_NAME, POOL, agent_run_job
 from marketing_pipelines.agents.queue import AGENT_RUNS, running_count
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.db.lease import CANCELLED, new_claim_owner, renew_many
-from marketing_pipelines.db.leased_runs import (
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.leasing.claims import (
     Room,
     claim_requests,
     claiming_sensor,
@@ -23,7 +25,7 @@ from marketing_pipelines.db.leased_runs import (
     run_end_sensors,
     sensor_instance,
 )
-from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.leasing.lease import CANCELLED, LeaseQueue, Recovery, new_claim_owner, renew_many
 
 # Claimed agent runs per unit of pool limit: the pool's own, plus as many waiting in Dagster's run queue
 # to start the moment one ends (docs/PERFORMANCE.md, "Agent pool kept busy").
@@ -72,15 +74,9 @@ def agent_run_room(pool_limit: int, running: int, batch_size: int) -> Room:
     )
 
 
-def claim_agent_run_requests(
-    engine: sa.Engine,
-    claimed_by: str,
-    batch_size: int,
-    pool_limit: int,
-    grace_seconds: int,
-    instance: Callable[[], dg.DagsterInstance | None] | None = None,
-) -> tuple[list[dg.RunRequest], str]:
-    """Recover expired agent-run leases and claim what the pool can start now, and as many again.
+@dataclass(frozen=True)
+class ClaimedAgentRuns:
+    """The agent-run queue as ``claim_requests`` sees it (``leasing.claims.ClaimedQueue``).
 
     Claims at most ``BACKLOG_FACTOR x pool_limit - RUNNING`` rows. The pool's runs in progress are at
     most ``pool_limit`` (Dagster's run queue holds the rest, pools at granularity run); the others
@@ -90,25 +86,48 @@ def claim_agent_run_requests(
     it in the queue: the grace plus its own time limit.
     """
 
-    def lease_for_queue_wait(conn: sa.Connection, rows: Sequence[sa.RowMapping]) -> None:
+    batch_size: int
+    pool_limit: int
+    grace_seconds: int
+    lease: ClassVar[LeaseQueue] = AGENT_RUNS
+    pool: ClassVar[str | None] = POOL
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.grace_seconds
+
+    def room(self, conn: sa.Connection) -> Room:
+        return agent_run_room(self.pool_limit, running_count(conn), self.batch_size)
+
+    def run_requests(self, rows: Sequence[sa.RowMapping], claimed_by: str) -> list[dg.RunRequest]:
+        return [agent_run_request(row, claimed_by, self.grace_seconds) for row in rows]
+
+    def rows_of_run(self, run: dg.DagsterRun) -> list[int]:
+        return agent_run_of(run)
+
+    def after_recovery(self, conn: sa.Connection, recovery: Recovery) -> None:
+        return  # an agent run's attempt is its row: the recovery recorded all there is
+
+    def after_claim(self, conn: sa.Connection, rows: Sequence[sa.RowMapping], claimed_by: str) -> None:
+        """Lease each claimed row for the wait in Dagster's run queue: the grace plus its own time limit."""
         by_limit: dict[int, list[int]] = {}
         for row in rows:
             by_limit.setdefault(row["max_run_seconds"], []).append(row["id"])
         for max_run_seconds, ids in by_limit.items():
-            renew_many(conn, AGENT_RUNS, ids, claimed_by, grace_seconds + max_run_seconds)
+            renew_many(conn, AGENT_RUNS, ids, claimed_by, self.grace_seconds + max_run_seconds)
 
-    claim = claim_requests(
-        engine,
-        AGENT_RUNS,
-        claimed_by,
-        room=lambda conn: agent_run_room(pool_limit, running_count(conn), batch_size),
-        lease_seconds=grace_seconds,
-        after_claim=lease_for_queue_wait,
-        to_requests=lambda rows: [agent_run_request(row, claimed_by, grace_seconds) for row in rows],
-        instance=instance,
-        rows_of_run=agent_run_of,
-        pool=POOL,
-    )
+
+def claim_agent_run_requests(
+    engine: sa.Engine,
+    claimed_by: str,
+    batch_size: int,
+    pool_limit: int,
+    grace_seconds: int,
+    instance: Callable[[], dg.DagsterInstance | None] | None = None,
+) -> tuple[list[dg.RunRequest], str]:
+    """Recover expired agent-run leases and claim what the pool can start now, and as many again
+    (``ClaimedAgentRuns``); (requests, summary) of the tick."""
+    claim = claim_requests(engine, ClaimedAgentRuns(batch_size, pool_limit, grace_seconds), claimed_by, instance)
     return claim.requests, claim.summary("agent runs")
 
 

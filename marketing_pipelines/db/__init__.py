@@ -1,1 +1,1 @@
-"""The application database: tables, engine, Alembic migrations and the shared lease/claim helpers."""
+"""The application database: tables, engine, Alembic migrations, campaigns and the `AppDatabase` resource."""

@@ -33,7 +33,7 @@ campaign = sa.Table(
 
 
 def _lost_attempts_column() -> sa.Column[int]:
-    """Both leased queues count the attempts their workers lost (db/lease.py, MAX_LOST_ATTEMPTS)."""
+    """Both leased queues count the attempts their workers lost (leasing/lease.py, MAX_LOST_ATTEMPTS)."""
     return sa.Column(
         "lost_attempts",
         sa.Integer,

@@ -22,8 +22,6 @@ import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
-from marketing_pipelines.db.lease import LeaseKeeper, describe, finish, finish_many, retry_or_fail
-from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.actions import (
     ActionContext,
@@ -44,6 +42,8 @@ from marketing_pipelines.executions.queue import (
 )
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.webhook import WebhookClient
+from marketing_pipelines.leasing.claims import take_over_rows
+from marketing_pipelines.leasing.lease import LeaseKeeper, describe, finish, finish_many, retry_or_fail
 from marketing_pipelines.redact import hide_values, redact_text, secret_parts, shown_text, visible_controls
 
 OP_NAME = "perform_executions"

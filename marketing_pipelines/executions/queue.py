@@ -14,12 +14,12 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 
 from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.engine import insert_ignoring_conflicts
-from marketing_pipelines.db.lease import RETRYABLE, LeaseQueue, cancel, now_expr
 from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import InvalidPayload, get_action, webhook_policy
 from marketing_pipelines.executions.endpoints import require_endpoint
+from marketing_pipelines.leasing.lease import RETRYABLE, LeaseQueue, cancel, now_expr
 from marketing_pipelines.strict_json import check_depth, loads_json, parse_json_object
 
 EXECUTIONS = LeaseQueue(

@@ -6,14 +6,18 @@
 
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
-from marketing_pipelines.db.lease import CANCELLED, LEASE_EXPIRED_ERROR, Recovery, claimed_waiting, new_claim_owner
-from marketing_pipelines.db.leased_runs import (
+from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
+from marketing_pipelines.executions.queue import EXECUTIONS, attempt_outcome, end_attempt, end_open_attempts
+from marketing_pipelines.executions.resources import ExecutionSettings
+from marketing_pipelines.leasing.claims import (
     Room,
     claim_requests,
     claiming_sensor,
@@ -22,10 +26,14 @@ from marketing_pipelines.db.leased_runs import (
     run_never_started,
     sensor_instance,
 )
-from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
-from marketing_pipelines.executions.queue import EXECUTIONS, attempt_outcome, end_attempt, end_open_attempts
-from marketing_pipelines.executions.resources import ExecutionSettings
+from marketing_pipelines.leasing.lease import (
+    CANCELLED,
+    LEASE_EXPIRED_ERROR,
+    LeaseQueue,
+    Recovery,
+    claimed_waiting,
+    new_claim_owner,
+)
 from marketing_pipelines.redact import redact_text
 
 # The run's tags are run_tags' fixed set (no key per execution). A tag value is shown whole in the UI's
@@ -67,10 +75,6 @@ def batch_run_request(rows: Sequence[sa.RowMapping], claimed_by: str) -> dg.RunR
     )
 
 
-def _end_expired_attempts(conn: sa.Connection, recovery: Recovery) -> None:
-    end_open_attempts(conn, [*recovery.requeued, *recovery.failed], "LEASE_EXPIRED", LEASE_EXPIRED_ERROR)
-
-
 def execution_room(batch_size: int, waiting: int) -> Room:
     """The executions a tick may claim: the batch less those claimed earlier and still waiting for their runs."""
     room = batch_size - waiting
@@ -81,33 +85,49 @@ def execution_room(batch_size: int, waiting: int) -> Room:
     )
 
 
-def claim_execution_requests(
-    engine: sa.Engine,
-    claimed_by: str,
-    settings: ExecutionSettings,
-    instance: Callable[[], dg.DagsterInstance | None] | None = None,
-) -> tuple[list[dg.RunRequest], str, int]:
-    """Recover expired leases, claim due rows and group them into runs; (requests, summary, room) of the tick.
+@dataclass(frozen=True)
+class ClaimedExecutions:
+    """The executions queue as ``claim_requests`` sees it (``leasing.claims.ClaimedQueue``).
 
     A tick claims what brings the rows claimed and still waiting for their runs (every replica's)
     up to ``batch_size``: a backlog of runs in Dagster's queue stops the claiming instead of growing
     past what the leases cover while the runs wait. Rows stay in due order: the first run holds the
     longest-waiting executions.
     """
-    per_run = settings.executions_per_run
-    claim = claim_requests(
-        engine,
-        EXECUTIONS,
-        claimed_by,
-        room=lambda conn: execution_room(settings.batch_size, claimed_waiting(conn, EXECUTIONS)),
-        lease_seconds=settings.lease_seconds,
-        to_requests=lambda rows: [
-            batch_run_request(rows[start : start + per_run], claimed_by) for start in range(0, len(rows), per_run)
-        ],
-        after_recovery=_end_expired_attempts,
-        instance=instance,
-        rows_of_run=lambda run: executions_of_run(run.run_config),
-    )
+
+    settings: ExecutionSettings
+    lease: ClassVar[LeaseQueue] = EXECUTIONS
+    pool: ClassVar[str | None] = None
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.settings.lease_seconds
+
+    def room(self, conn: sa.Connection) -> Room:
+        return execution_room(self.settings.batch_size, claimed_waiting(conn, EXECUTIONS))
+
+    def run_requests(self, rows: Sequence[sa.RowMapping], claimed_by: str) -> list[dg.RunRequest]:
+        per_run = self.settings.executions_per_run
+        return [batch_run_request(rows[start : start + per_run], claimed_by) for start in range(0, len(rows), per_run)]
+
+    def rows_of_run(self, run: dg.DagsterRun) -> list[int]:
+        return executions_of_run(run.run_config)
+
+    def after_recovery(self, conn: sa.Connection, recovery: Recovery) -> None:
+        end_open_attempts(conn, [*recovery.requeued, *recovery.failed], "LEASE_EXPIRED", LEASE_EXPIRED_ERROR)
+
+    def after_claim(self, conn: sa.Connection, rows: Sequence[sa.RowMapping], claimed_by: str) -> None:
+        return  # a claimed execution's lease is the setting's; its attempt opens when its run takes it over
+
+
+def claim_execution_requests(
+    engine: sa.Engine,
+    claimed_by: str,
+    settings: ExecutionSettings,
+    instance: Callable[[], dg.DagsterInstance | None] | None = None,
+) -> tuple[list[dg.RunRequest], str, int]:
+    """Recover expired leases, claim due rows and group them into runs; (requests, summary, room) of the tick."""
+    claim = claim_requests(engine, ClaimedExecutions(settings), claimed_by, instance)
     return claim.requests, claim.summary("executions"), claim.room.rows
 
 

@@ -6,7 +6,7 @@ Dagster import here: the CLI reads them and must start without Dagster.
 Every count is answered from an index (the partial indexes on SCHEDULED / RUNNING / QUEUED rows and
 the ``(status, finished_at)`` indexes of migration 0006), so the time does not grow with the
 finished rows a table accumulates. Time comes from the database clock on PostgreSQL and from this
-process's clock on SQLite, as in ``db/lease.py``.
+process's clock on SQLite, as in ``leasing/lease.py``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from marketing_pipelines.db.lease import now_expr
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.db.types import UTCDateTime
+from marketing_pipelines.leasing.lease import now_expr
 
 # "Failed / succeeded in the last hour".
 RECENT_WINDOW = timedelta(hours=1)

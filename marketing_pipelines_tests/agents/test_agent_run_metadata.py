@@ -17,9 +17,9 @@ from marketing_pipelines.agents import users
 from marketing_pipelines.agents.display import code_block, transcript_markdown
 from marketing_pipelines.agents.queue import AGENT_RUNS, cancel_agent_run, get_agent_run, request_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.db.lease import LOST_ATTEMPTS_ERROR, MAX_LOST_ATTEMPTS, recover_expired
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run
+from marketing_pipelines.leasing.lease import LOST_ATTEMPTS_ERROR, MAX_LOST_ATTEMPTS, recover_expired
 from marketing_pipelines_tests.agents.fake_models import anthropic_models, text_turn, tool_turn, unconfigured_models
 from marketing_pipelines_tests.agents.runs import output_metadata, run_one
 from marketing_pipelines_tests.built import queued_agent_runs_sensor

@@ -20,8 +20,8 @@ import sqlalchemy as sa
 from marketing_pipelines.agents.queue import AGENT_RUNS, get_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.lease import LEASE_EXPIRED_ERROR, finish, retry_or_fail
-from marketing_pipelines.db.leased_runs import run_owner
+from marketing_pipelines.leasing.claims import run_owner
+from marketing_pipelines.leasing.lease import LEASE_EXPIRED_ERROR, finish, retry_or_fail
 from marketing_pipelines_tests.agents.agent_processes import (
     FakeOpenAI,
     agent_env,

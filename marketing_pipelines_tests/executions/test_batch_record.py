@@ -9,8 +9,6 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.lease import claim_batch
-from marketing_pipelines.db.leased_runs import take_over_rows
 from marketing_pipelines.db.schema import marketing_execution as t
 from marketing_pipelines.db.schema import marketing_execution_attempt
 from marketing_pipelines.egress import EgressPolicy
@@ -24,6 +22,8 @@ from marketing_pipelines.executions.queue import (
     start_attempts,
 )
 from marketing_pipelines.executions.resources import ExecutionSettings
+from marketing_pipelines.leasing.claims import take_over_rows
+from marketing_pipelines.leasing.lease import claim_batch
 from marketing_pipelines_tests.factories import add_campaign
 
 BACKING_OFF = ExecutionSettings(retry_backoff_seconds=600)

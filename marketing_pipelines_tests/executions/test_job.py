@@ -14,7 +14,6 @@ import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
-from marketing_pipelines.db.leased_runs import UNLAUNCHED_CLAIM_SECONDS
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import marketing_execution as t
 from marketing_pipelines.egress import EgressPolicy, parse_networks
@@ -27,6 +26,7 @@ from marketing_pipelines.executions.sensors import (
     executions_of_run,
 )
 from marketing_pipelines.executions.webhook import WebhookClient
+from marketing_pipelines.leasing.claims import UNLAUNCHED_CLAIM_SECONDS
 from marketing_pipelines_tests.built import due_executions_sensor
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 
-from marketing_pipelines.db import lease
 from marketing_pipelines.db.schema import marketing_execution as t
 from marketing_pipelines.executions.queue import EXECUTIONS, get_execution
+from marketing_pipelines.leasing import lease
 from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions
 
 

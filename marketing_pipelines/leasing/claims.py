@@ -1,9 +1,10 @@
 """The Dagster side of the lease protocol both queues share: claim into run requests, take over, reconcile.
 
-`db/lease.py` holds the SQL; this module holds what a claiming sensor, the op of a run and a
+`leasing/lease.py` holds the SQL; this module holds what a claiming sensor, the op of a run and a
 run-status sensor do with it, identically for executions and agent runs: the tags a run carries
-to say who claimed it, the lease owner a run takes over as, the claim-and-summary of a tick, the
-take-over at the top of an op, and the reconciliation of a run that ended without recording.
+to say who claimed it, the lease owner a run takes over as, the claim-and-summary of a tick (each
+queue described once by a ``ClaimedQueue``), the take-over at the top of an op, and the
+reconciliation of a run that ended without recording.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
-from marketing_pipelines.db.lease import (
+from marketing_pipelines.leasing.lease import (
     CANCELLED,
     RUNNING,
     LeaseQueue,
@@ -95,49 +97,82 @@ class Claim:
         return text
 
 
+class ClaimedQueue(Protocol):
+    """One work queue as its claiming tick sees it; each domain defines one (a frozen dataclass of the
+    tick's settings) and hands it to ``claim_requests``."""
+
+    @property
+    def lease(self) -> LeaseQueue:
+        """The table and columns the claim's SQL works on."""
+        ...
+
+    @property
+    def lease_seconds(self) -> float:
+        """The lease a claimed row gets, until its run takes it over (``after_claim`` may set another)."""
+        ...
+
+    @property
+    def pool(self) -> str | None:
+        """The concurrency pool the queue's runs wait for, if any: its waiting runs are alive."""
+        ...
+
+    def room(self, conn: sa.Connection) -> Room:
+        """How many rows this tick may claim, computed in the claim's transaction."""
+        ...
+
+    def run_requests(self, rows: Sequence[sa.RowMapping], claimed_by: str) -> list[dg.RunRequest]:
+        """The run requests for the rows a tick claimed (in queue order) as ``claimed_by``."""
+        ...
+
+    def rows_of_run(self, run: dg.DagsterRun) -> Sequence[int]:
+        """The rows a Dagster run was launched for."""
+        ...
+
+    def after_recovery(self, conn: sa.Connection, recovery: Recovery) -> None:
+        """In the recovery's transaction: what else the queue records of the rows it handed back."""
+        ...
+
+    def after_claim(self, conn: sa.Connection, rows: Sequence[sa.RowMapping], claimed_by: str) -> None:
+        """In the claim's transaction, when it claimed rows: what else the queue sets on them."""
+        ...
+
+
 def claim_requests(
     engine: sa.Engine,
-    queue: LeaseQueue,
+    claimed: ClaimedQueue,
     claimed_by: str,
-    *,
-    room: Callable[[sa.Connection], Room],
-    lease_seconds: float,
-    to_requests: Callable[[Sequence[sa.RowMapping]], list[dg.RunRequest]],
-    after_recovery: Callable[[sa.Connection, Recovery], None] | None = None,
     instance: Callable[[], dg.DagsterInstance | None] | None = None,
-    rows_of_run: Callable[[dg.DagsterRun], Sequence[int]] | None = None,
-    pool: str | None = None,
-    after_claim: Callable[[sa.Connection, Sequence[sa.RowMapping]], None] | None = None,
 ) -> Claim:
-    """Recover expired leases, then claim up to ``room`` ready rows and turn them into run requests.
+    """Recover expired leases, then claim up to ``claimed.room`` ready rows and turn them into run requests.
 
-    Recovery commits first in its own transaction: a claim that fails must not undo it. ``room`` is
-    computed inside the claim's transaction (from the rows running or waiting then). With ``instance``
-    (called only when some lease expired under a run, or some tick's claim is older than
-    ``UNLAUNCHED_CLAIM_SECONDS``), claims no run was created for are recovered now instead of a lease
-    later (``end_unlaunched_claims``), and the runs whose leases expired are marked failed
-    (``fail_abandoned_runs``): those that had taken rows over, and with ``rows_of_run`` (the rows a run
-    was launched for) those that died before taking theirs over (``started_runs_of_claims``; ``pool``
-    names the concurrency pool whose waiting runs are alive). ``after_claim`` runs in the claim's
-    transaction with the claimed rows (the agent queue sets each row's lease from its own time limit).
+    Recovery commits first in its own transaction (with ``claimed.after_recovery``): a claim that fails
+    must not undo it. The room is computed inside the claim's transaction (from the rows running or
+    waiting then), and ``claimed.after_claim`` runs in it with the claimed rows (the agent queue sets
+    each row's lease from its own time limit). With ``instance`` (called only when some lease expired
+    under a run, or some tick's claim is older than ``UNLAUNCHED_CLAIM_SECONDS``), claims no run was
+    created for are recovered now instead of a lease later (``end_unlaunched_claims``), and the runs
+    whose leases expired are marked failed (``fail_abandoned_runs``): those that had taken rows over,
+    and those that died before taking theirs over (``started_runs_of_claims``, by
+    ``claimed.rows_of_run``; runs waiting for a slot of ``claimed.pool`` are alive).
     """
+    queue = claimed.lease
     unlaunched = end_unlaunched_claims(engine, queue, instance) if instance is not None else ()
     with engine.begin() as conn:
         recovery = recover_expired(conn, queue)
-        if after_recovery is not None:
-            after_recovery(conn, recovery)
+        claimed.after_recovery(conn, recovery)
     abandoned: tuple[str, ...] = ()
     if (recovery.run_ids or recovery.claims) and instance is not None and (dagster := instance()) is not None:
-        run_ids = list(recovery.run_ids)
-        if rows_of_run is not None:
-            run_ids += started_runs_of_claims(dagster, recovery.claims, rows_of_run, pool)
+        run_ids = [
+            *recovery.run_ids,
+            *started_runs_of_claims(dagster, recovery.claims, claimed.rows_of_run, claimed.pool),
+        ]
         abandoned = fail_abandoned_runs(dagster, run_ids, queue)
     with engine.begin() as conn:
-        limit = room(conn)
-        rows = claim_batch(conn, queue, claimed_by, limit.rows, lease_seconds) if limit.rows > 0 else []
-        if rows and after_claim is not None:
-            after_claim(conn, rows)
-    return Claim(to_requests(rows), len(rows), limit, recovery, abandoned, unlaunched)
+        limit = claimed.room(conn)
+        rows = claim_batch(conn, queue, claimed_by, limit.rows, claimed.lease_seconds) if limit.rows > 0 else []
+        if rows:
+            claimed.after_claim(conn, rows, claimed_by)
+    return Claim(claimed.run_requests(rows, claimed_by), len(rows), limit, recovery, abandoned, unlaunched)
 
 
 class _LaunchedClaims:

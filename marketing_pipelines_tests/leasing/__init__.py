@@ -1,0 +1,1 @@
+"""Tests of the lease protocol both queues share (marketing_pipelines.leasing)."""
