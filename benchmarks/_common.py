@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import uuid
@@ -166,3 +167,10 @@ def postgres_storage(pg: Mapping[str, str]) -> dict[str, Any]:
     if pg["DAGSTER_PG_PASSWORD"]:
         postgres_db["password"] = pg["DAGSTER_PG_PASSWORD"]
     return postgres_db
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

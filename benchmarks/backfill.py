@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import socket
 import sys
 import tempfile
 import threading
@@ -40,7 +39,7 @@ from typing import Any
 import dagster as dg
 import httpx
 import sqlalchemy as sa
-from _common import print_table, throwaway_database
+from _common import free_port, print_table, throwaway_database
 from _daemon import (
     INSTANCE_CONFIG,
     WORKSPACE,
@@ -174,12 +173,6 @@ def serve(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
 
 
 # --- the UI's GraphQL ----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def graphql(client: httpx.Client, query: str, variables: Mapping[str, Any] | None = None) -> dict[str, Any]:

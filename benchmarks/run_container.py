@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 import yaml
-from _common import print_table, throwaway_database
+from _common import free_port, print_table, throwaway_database
 from _daemon import dagster_bin, dagster_storage_database
 from dagster import DagsterEventType
 
@@ -62,12 +61,6 @@ def instance_file(source: Path, home: Path) -> None:
     instance["run_coordinator"] = {"module": "dagster.core.run_coordinator", "class": "DefaultRunCoordinator"}
     home.mkdir()
     (home / "dagster.yaml").write_text(yaml.safe_dump(instance))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_port(port: int, timeout: float) -> None:

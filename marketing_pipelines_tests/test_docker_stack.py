@@ -18,6 +18,7 @@ image under the vfs storage driver).
 
 from __future__ import annotations
 
+import io
 import json
 import secrets
 import subprocess
@@ -149,7 +150,7 @@ def _image_bytes(image: str, tmp_path: Path) -> Iterator[bytes]:
             data = blob.read()
             if member.name.endswith(".tar") or member.name.startswith("blobs/"):
                 try:
-                    with tarfile.open(fileobj=__import__("io").BytesIO(data)) as layer:
+                    with tarfile.open(fileobj=io.BytesIO(data)) as layer:
                         for inner in layer:
                             if inner.isfile() and (f := layer.extractfile(inner)) is not None:
                                 yield f.read()
@@ -214,7 +215,7 @@ def stack_env(pg_url: str, dagster_pg: tuple[str, dict[str, str]], tmp_path: Pat
         "MARKETING_IMAGE": image,
         "MARKETING_SECRETS_DIR": str(folder),
         "MARKETING_SETTINGS_FILE": str(settings),
-        "DOCKER_GID": str((Path("/var/run/docker.sock")).stat().st_gid),
+        "DOCKER_GID": str(Path("/var/run/docker.sock").stat().st_gid),
         "BIND_ADDRESS": "127.0.0.1",
         "CODE_SERVERS_PORT": str(free_port()),
         "CODE_SERVER_1_PORT": str(free_port()),
