@@ -28,27 +28,13 @@ from pathlib import Path
 import dagster as dg
 import sqlalchemy as sa
 from _common import print_table
-from e2e_executions import CAMPAIGN, DRAIN_TIMEOUT_S, _wait_runs_ended, daemon_session
+from e2e_executions import DRAIN_TIMEOUT_S, _wait_runs_ended, daemon_session, request_offline_analyses
 
-from marketing_pipelines.agents import users
-from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.db.schema import agent_run
 from marketing_pipelines.settings import Settings
 
 JOB = "agent_run_job"
 GOAL_FRACTION = 0.7
-
-
-def _request(engine: sa.Engine, n: int) -> None:
-    with engine.begin() as conn:
-        if users.get_user(conn, "bench") is None:
-            users.add_user(conn, "bench")
-            users.grant(conn, "bench", "campaign:read")
-            users.grant(conn, "bench", "measurement:read")
-        for _ in range(n):
-            request_agent_run(
-                conn, agent="measurement_analyst", campaign_id=CAMPAIGN, requested_by="bench", provider="offline"
-            )
 
 
 def _rows(engine: sa.Engine) -> list[sa.Row]:
@@ -83,7 +69,7 @@ def measure(limit: int, runs: int, timeout: float, log_dir: Path) -> tuple[float
     """(drain seconds, median D, most runs at once, outcome, load average) for one pool limit."""
     overrides = {"MARKETING_MAX_CONCURRENT_AGENT_RUNS": str(limit)}
     with daemon_session(f"agents-{limit}", overrides, log_dir) as session:
-        _request(session.engine, runs)
+        request_offline_analyses(session.engine, runs)
         deadline = time.monotonic() + timeout
         while True:
             session.daemon.check_alive()

@@ -68,6 +68,7 @@ from _daemon import (
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_execution, marketing_execution_attempt
+from marketing_pipelines.settings import load_settings
 
 SENSOR = "due_executions_sensor"
 JOB = "marketing_execution_job"
@@ -379,17 +380,34 @@ def measure_single(session: Session, samples: int, timeout: float) -> tuple[list
     return latencies, notes
 
 
-def measure_agent(session: Session, samples: int, timeout: float) -> tuple[list[float], list[float], list[str]]:
-    """Seconds from ``requested_at`` to RUNNING and to the first transcript step, ``samples`` times."""
+def request_offline_analyses(engine: sa.Engine, n: int) -> list[int]:
+    """``n`` measurement_analyst runs on the offline model, requested by "bench" (added with the grants they need)."""
     from marketing_pipelines.agents import users
     from marketing_pipelines.agents.queue import request_agent_run
-    from marketing_pipelines.db.schema import agent_run, agent_run_step
 
-    with session.engine.begin() as conn:
+    settings = load_settings()
+    with engine.begin() as conn:
         if users.get_user(conn, "bench") is None:
             users.add_user(conn, "bench")
             users.grant(conn, "bench", "campaign:read")
             users.grant(conn, "bench", "measurement:read")
+        return [
+            request_agent_run(
+                conn,
+                agent="measurement_analyst",
+                campaign_id=CAMPAIGN,
+                requested_by="bench",
+                provider="offline",
+                settings=settings,
+            )
+            for _ in range(n)
+        ]
+
+
+def measure_agent(session: Session, samples: int, timeout: float) -> tuple[list[float], list[float], list[str]]:
+    """Seconds from ``requested_at`` to RUNNING and to the first transcript step, ``samples`` times."""
+    from marketing_pipelines.db.schema import agent_run, agent_run_step
+
     claimed: list[float] = []
     working: list[float] = []
     notes: list[str] = []
@@ -397,10 +415,7 @@ def measure_agent(session: Session, samples: int, timeout: float) -> tuple[list[
         if sample:
             _wait_runs_ended(session.instance, session.daemon, DRAIN_TIMEOUT_S, job=None)
             time.sleep(random.uniform(0, 5))
-        with session.engine.begin() as conn:
-            run_id = request_agent_run(
-                conn, agent="measurement_analyst", campaign_id=CAMPAIGN, requested_by="bench", provider="offline"
-            )
+        [run_id] = request_offline_analyses(session.engine, 1)
         deadline = time.monotonic() + timeout
         while True:
             session.daemon.check_alive()

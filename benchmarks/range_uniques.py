@@ -12,7 +12,7 @@ By default the sketches are built in memory exactly as the rollup builds them (s
 and merged exactly as the report merges them (``merge``, ``estimate``): the database only decides
 which actor ids reach which sketch, so this measures the real path at any population size. With
 ``--database sqlite`` or ``postgres`` the events go through ``marketing_event``,
-``replace_rollup_day`` and ``measurement_report`` instead (slower; meant for smaller populations,
+``replace_rollup_days`` and ``measurement_report`` instead (slower; meant for smaller populations,
 and as the check that both give the same errors).
 
     python benchmarks/range_uniques.py --actors 1000 10000 100000 1000000 --campaigns 5
@@ -33,7 +33,7 @@ from _measurement_events import EVENT_TYPES, load_events
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.measurement import sketches
 from marketing_pipelines.measurement.report.build import measurement_report
-from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
+from marketing_pipelines.measurement.rollup.daily import replace_rollup_days
 
 FIRST_DAY = date(2026, 1, 1)
 STAGE = "signup"
@@ -120,7 +120,7 @@ def database_estimates(
         load_events(url, frame)
         engine = get_engine(url)
         for offset in range(days):
-            replace_rollup_day(engine, FIRST_DAY + timedelta(days=offset))
+            replace_rollup_days(engine, [FIRST_DAY + timedelta(days=offset)])
         estimates: dict[str, dict[Key, int]] = {}
         with engine.connect() as conn:
             for cid in activities:

@@ -33,7 +33,7 @@ from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_event as e
 from marketing_pipelines.measurement.report.build import measurement_report
 from marketing_pipelines.measurement.report.model import MeasurementReport
-from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
+from marketing_pipelines.measurement.rollup.daily import replace_rollup_days
 from marketing_pipelines.measurement.rollup.event_days import day_bounds
 
 FIRST_DAY = date(2026, 1, 1)
@@ -104,7 +104,7 @@ def measure(
         engine = get_engine(url)
         began = time.perf_counter()
         for offset in range(days):
-            replace_rollup_day(engine, start + timedelta(days=offset))
+            replace_rollup_days(engine, [start + timedelta(days=offset)])
         rollup_s = time.perf_counter() - began
 
         def project() -> MeasurementReport:

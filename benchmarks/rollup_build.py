@@ -1,5 +1,5 @@
-"""Seconds to build one UTC day of ``measurement_daily_rollup`` (rollup.py ``replace_rollup_day``), next to
-the same aggregation in pandas and in DuckDB over the same rows.
+"""Seconds to build one UTC day of ``measurement_daily_rollup`` (``rollup.daily.replace_rollup_days`` of that day),
+next to the same aggregation in pandas and in DuckDB over the same rows.
 
 The day holds N events (20 campaigns, 4 stages, 6 event types, actors drawn with repetition).
 The references compute what the rollup's first-party rows hold, count and exact distinct actors
@@ -34,7 +34,7 @@ from _measurement_events import generate_events, load_events
 
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_event as e
-from marketing_pipelines.measurement.rollup.daily import first_party_day, partition_transaction, replace_rollup_day
+from marketing_pipelines.measurement.rollup.daily import first_party_day, partition_transaction, replace_rollup_days
 from marketing_pipelines.measurement.rollup.event_days import day_bounds
 
 DAY = date(2026, 1, 5)
@@ -142,7 +142,7 @@ def measure(database: str, frame: pd.DataFrame, repeat: int, show_plan: bool) ->
         runs: dict[str, list[float]] = {k: [] for k in ("project", "group", "fetch", "sketch", "pandas", "duckdb")}
         distinct_rows = 0
         for _ in range(repeat):
-            runs["project"].append(timed(lambda: replace_rollup_day(engine, DAY))[0])
+            runs["project"].append(timed(lambda: replace_rollup_days(engine, [DAY]))[0])
             runs["group"].append(timed(lambda: group_by_only(engine, DAY))[0])
             seconds, distinct_rows = timed(lambda: fetch_distinct_actors(engine, DAY))
             runs["fetch"].append(seconds)

@@ -76,6 +76,7 @@ from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import agent_run, agent_run_step, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.monitoring.alert_sensor import WATCHED_JOBS
+from marketing_pipelines.settings import load_settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = REPO_ROOT / "deploy"
@@ -316,6 +317,7 @@ def seed_load(engine: sa.Engine, args: argparse.Namespace, receiver: Receiver) -
                 campaign_id=CAMPAIGN,
                 requested_by=f"user-{i % args.users}",
                 provider="offline",
+                settings=load_settings(),
             )
     return last_due
 

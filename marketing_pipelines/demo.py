@@ -53,11 +53,9 @@ from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.measurement.sensors import rollup_ranges
 from marketing_pipelines.redact import redact_text, visible_controls
 from marketing_pipelines.sealing import SecretBox, new_key
-from marketing_pipelines.settings import Settings, load_settings
+from marketing_pipelines.settings import Settings
 
 Echo = Callable[[str], None]
-
-SIGNATURE_HEADERS = ("webhook-id", "webhook-timestamp", "webhook-signature")
 
 
 @contextmanager
@@ -157,9 +155,8 @@ def _wait_for_daemon(
         echo(f"      still waiting after {timeout_s:.0f}s: {', '.join(pending)}; the UI's runs page shows why")
 
 
-def run_demo(days: int = 7, echo: Echo = print, settings: Settings | None = None) -> None:
-    """The demo on ``settings`` (default: the environment's, as `marketing-pipelines demo` runs it)."""
-    settings = settings or load_settings()
+def run_demo(settings: Settings, days: int = 7, echo: Echo = print) -> None:
+    """The demo on ``settings`` (`marketing-pipelines demo` gives the environment's)."""
     engine = get_engine(settings.resolved_database_url)
     _migrate(engine, echo)
     day_list = demo_days(days, settings)

@@ -142,3 +142,8 @@ class EgressPolicy:
             if reason := self.refusal(address):
                 raise EgressRefused(f"webhook host {host} resolves to {address}, {reason}")
         return addresses[0]
+
+
+# The policy of a deployment that allows no network (MARKETING_WEBHOOK_ALLOW_NETWORKS unset): a caller that
+# passes no policy gets the strictest one, never one read from its own environment.
+PUBLIC_ONLY = EgressPolicy()

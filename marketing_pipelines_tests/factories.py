@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import dagster as dg
@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
 from marketing_pipelines.agents.jobs import agent_run_job
+from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.executions.jobs import marketing_execution_job
@@ -19,6 +20,7 @@ from marketing_pipelines.executions.queue import EXECUTIONS
 from marketing_pipelines.executions.sensors import executions_of_run
 from marketing_pipelines.leasing.claims import take_over_rows
 from marketing_pipelines.measurement import sketches
+from marketing_pipelines.measurement.rollup.daily import RollupSummary, replace_rollup_days
 from marketing_pipelines.monitoring.alert_sensor import run_failures_after
 from marketing_pipelines.monitoring.alerts import Alert, describe_failed_runs, format_alert
 from marketing_pipelines.settings import Settings, env_name, load_settings
@@ -82,6 +84,24 @@ def settings_from(environ: Mapping[str, str]) -> Settings:
     unset = {field: Settings.model_fields[field].default for field in SERVICE_SETTINGS}
     given = {by_variable[name]: value for name, value in environ.items() if value != ""}
     return load_settings(**(unset | given))
+
+
+def request_offline_analysis(conn: sa.Connection, requested_by: str, campaign_id: str = "spring-launch") -> int:
+    """One queued measurement_analyst run on the offline model, as a user with no provider key requests it."""
+    return request_agent_run(
+        conn,
+        agent="measurement_analyst",
+        campaign_id=campaign_id,
+        requested_by=requested_by,
+        provider="offline",
+        settings=settings_from({}),
+    )
+
+
+def replace_rollup_day(engine: sa.Engine, day: date) -> RollupSummary:
+    """Rebuild one day of ``measurement_daily_rollup``, then its week, as a range run does for each of its days."""
+    [summary] = replace_rollup_days(engine, [day])
+    return summary
 
 
 def sketch_of(actor_ids: Iterable[str]) -> datasketches.hll_sketch:

@@ -132,6 +132,31 @@ def test_no_module_reads_settings_when_imported() -> None:
     assert read == set()
 
 
+def _settings_read_anywhere(tree: ast.AST) -> list[int]:
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")) in SETTINGS_READERS
+    ]
+
+
+# Where settings enter: the code location's definitions and the command line read the environment once;
+# domain code takes the Settings (or the policy, or the resource) it is given.
+SETTINGS_EDGES = {"definitions.py", "settings.py", "cli"}
+
+
+def test_settings_are_read_from_the_environment_at_the_edge_only() -> None:
+    package = Path(marketing_pipelines.__file__).parent
+    read = {
+        f"{path.relative_to(package)}:{line}"
+        for path in package.rglob("*.py")
+        if path.relative_to(package).parts[0] not in SETTINGS_EDGES
+        for line in _settings_read_anywhere(ast.parse(path.read_text(encoding="utf-8")))
+    }
+    assert read == set()
+
+
 def test_no_test_changes_a_setting_through_the_environment_or_a_module_reload() -> None:
     # Tests build resources (ExecutionSettings(...), AgentSettings(...)) or hand a child process its env.
     offenders = {

@@ -25,7 +25,7 @@ from marketing_pipelines_tests.agents.fake_models import unconfigured_models
 from marketing_pipelines_tests.agents.runs import AGENT_RESOURCES
 from marketing_pipelines_tests.built import due_executions_sensor, queued_agent_runs_sensor
 from marketing_pipelines_tests.executions.runs import LOCAL, outcomes, perform, sensor_requests
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, settings_from
 from marketing_pipelines_tests.webserver import Received, webhook_server
 
 Cli = Callable[..., tuple[int, str]]
@@ -108,7 +108,12 @@ def agent_request(engine: sa.Engine) -> int:
         users.add_user(conn, "ana")
         users.grant(conn, "ana", "campaign:read")
         return request_agent_run(
-            conn, agent="campaign_brief", campaign_id="spring-launch", requested_by="ana", input={"stage": "launch"}
+            conn,
+            agent="campaign_brief",
+            campaign_id="spring-launch",
+            requested_by="ana",
+            input={"stage": "launch"},
+            settings=settings_from({}),
         )
 
 

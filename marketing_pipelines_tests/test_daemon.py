@@ -19,14 +19,13 @@ import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
 from marketing_pipelines.agents import users
-from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import agent_run, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.executions.queue import schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines_tests.built import due_executions_sensor
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, request_offline_analysis
 from marketing_pipelines_tests.processes import REPO_ROOT, child_env, dagster_bin, running, start, wait_for
 
 # Real daemon processes: end to end, left out of the quick loop.
@@ -56,9 +55,7 @@ def _seed(engine: sa.Engine) -> tuple[list[int], int]:
             )
             for i in range(EXECUTIONS)
         ]
-        agent_run_id = request_agent_run(
-            conn, agent="measurement_analyst", campaign_id="spring-launch", requested_by="ana", provider="offline"
-        )
+        agent_run_id = request_offline_analysis(conn, "ana")
     return execution_ids, agent_run_id
 
 

@@ -121,7 +121,7 @@ def test_the_demo_while_the_ui_daemon_runs_lets_it_do_the_work(tmp_path: Path, m
     with running([]) as children, dg.DagsterInstance.from_config(str(home)) as instance:
         children.append(start("dagster-daemon", argv, env, tmp_path, cwd=tmp_path))
         wait_for("the daemon's first heartbeat", lambda: "SENSOR" in instance.get_daemon_heartbeats(), 120, children)
-        run_demo(days=1, echo=lines.append, settings=_embedded_default(tmp_path))
+        run_demo(_embedded_default(tmp_path), days=1, echo=lines.append)
         engine = get_engine(f"sqlite:///{tmp_path / '.marketing' / 'marketing.db'}")
         executions, runs = _rows(engine)
         wait_for(

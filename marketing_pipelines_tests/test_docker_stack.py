@@ -35,11 +35,11 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
-from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import agent_run
 from marketing_pipelines.sealing import new_key
 from marketing_pipelines_tests.containers import built_image, compose_command, docker
+from marketing_pipelines_tests.factories import request_offline_analysis
 from marketing_pipelines_tests.processes import REPO_ROOT, child_env, dagster_bin, free_port, wait_for
 from marketing_pipelines_tests.test_replica_failover import _due_webhooks, _location, _statuses
 from marketing_pipelines_tests.webserver import Recorder
@@ -107,9 +107,7 @@ def _queue_agent_runs(engine: sa.Engine) -> None:
         for permission in ("campaign:read", "measurement:read", "execution:read"):
             users.grant(conn, "ana", permission)
         for _ in range(AGENT_RUNS):
-            request_agent_run(
-                conn, agent="measurement_analyst", campaign_id="spring-launch", requested_by="ana", provider="offline"
-            )
+            request_offline_analysis(conn, "ana")
 
 
 class _Inspector:

@@ -23,9 +23,9 @@ from marketing_pipelines.executions.queue import EXECUTIONS, cancel_execution, s
 from marketing_pipelines.leasing.lease import claim_batch
 from marketing_pipelines.measurement.report.model import DailyPoint, FunnelStep, MeasurementReport, RangeTotal
 from marketing_pipelines.measurement.report.rendering import render
-from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
 from marketing_pipelines.redact import spreadsheet_safe, visible_controls
 from marketing_pipelines_tests.cli_runner import Cli, cli_for
+from marketing_pipelines_tests.factories import replace_rollup_day
 
 # The test's own list, not redact.CONTROL_CHARACTERS: C0 but tab and newline, DEL, C1, LRM/RLM, bidi overrides.
 RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
 from marketing_pipelines.redact import visible_cell, visible_controls
 from marketing_pipelines_tests.cli_runner import Cli, cli_for
+from marketing_pipelines_tests.factories import replace_rollup_day
 
 DAY = date(2026, 3, 3)
 # A stage that, shown raw, would add a row of its own to a table (and columns, with the tabs).

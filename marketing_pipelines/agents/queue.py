@@ -17,7 +17,7 @@ from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.leasing.lease import RETRYABLE, LeaseQueue, cancel
-from marketing_pipelines.settings import MODEL_PROVIDERS, Settings, current_settings
+from marketing_pipelines.settings import MODEL_PROVIDERS, Settings
 from marketing_pipelines.strict_json import parse_json_object
 
 if TYPE_CHECKING:
@@ -78,14 +78,14 @@ def _checked_request(
     provider: str,
     max_run_seconds: int,
     max_attempts: int,
-    settings: Settings | None,
+    settings: Settings,
 ) -> dict[str, Any]:
     """The request's input as the agent accepts it; InvalidInput names the first thing that is wrong."""
     payload = definition.validate_input(dict(input or {}))
     if len(json.dumps(payload)) > MAX_INPUT_BYTES:
         raise InvalidInput(f"input is larger than {MAX_INPUT_BYTES} bytes")
-    # The requester's settings (default: this process's): a provider without a key is refused at once.
-    problem = configured_provider_problem(provider, settings or current_settings())
+    # The requester's deployment's settings: a provider without a key is refused at once, not at run time.
+    problem = configured_provider_problem(provider, settings)
     if problem:
         raise InvalidInput(problem)
     if not 1 <= max_run_seconds <= 86_400:
@@ -105,7 +105,7 @@ def request_agent_run(
     provider: str = "offline",
     max_run_seconds: int = 300,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> int:
     """Validate a request, capture the requester's current permissions on the campaign, insert a QUEUED row.
 

@@ -78,4 +78,4 @@ def demo_command(days: int) -> None:
 
     warnings.filterwarnings("ignore", category=BetaWarning)
     warnings.filterwarnings("ignore", category=PreviewWarning)
-    run_demo(days=days, echo=click.echo)
+    run_demo(settings(), days=days, echo=click.echo)

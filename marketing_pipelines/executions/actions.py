@@ -31,7 +31,7 @@ from marketing_pipelines.redact import (
     shown_text,
     url_origin,
 )
-from marketing_pipelines.settings import Settings, current_settings
+from marketing_pipelines.settings import Settings
 
 if TYPE_CHECKING:
     import dagster as dg
@@ -297,9 +297,9 @@ def _header_value_problem(value: str) -> str | None:
     return None
 
 
-def webhook_policy(settings: Settings | None = None) -> EgressPolicy:
-    """The egress policy ``settings`` give (default: this process's), for schedule-time checks."""
-    return EgressPolicy(parse_networks((settings or current_settings()).webhook_allow_networks))
+def webhook_policy(settings: Settings) -> EgressPolicy:
+    """The egress policy ``settings`` give, for schedule-time checks at the edge (the command line)."""
+    return EgressPolicy(parse_networks(settings.webhook_allow_networks))
 
 
 ACTIONS: dict[str, Action] = {action.name: action for action in (LogAction(), WebhookAction())}

@@ -15,9 +15,9 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.engine import insert_ignoring_conflicts
 from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution, marketing_execution_attempt
-from marketing_pipelines.egress import EgressPolicy
+from marketing_pipelines.egress import PUBLIC_ONLY, EgressPolicy
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.executions.actions import InvalidPayload, get_action, webhook_policy
+from marketing_pipelines.executions.actions import InvalidPayload, get_action
 from marketing_pipelines.executions.endpoints import require_endpoint
 from marketing_pipelines.leasing.lease import RETRYABLE, LeaseQueue, cancel, now_expr
 from marketing_pipelines.strict_json import check_depth, loads_json, parse_json_object
@@ -78,13 +78,15 @@ def schedule_execution(
     payload: Mapping[str, Any] | None = None,
     max_attempts: int = 3,
     dedupe_key: str | None = None,
-    egress: EgressPolicy | None = None,
+    egress: EgressPolicy = PUBLIC_ONLY,
 ) -> int:
     """Validate and insert one SCHEDULED execution; returns its id.
 
     With ``dedupe_key``, scheduling the same key again returns the existing id instead of a
-    second row, so a caller that retries its request cannot double-schedule. ``egress`` is the
-    webhook destination policy (default: the settings', MARKETING_WEBHOOK_ALLOW_NETWORKS).
+    second row, so a caller that retries its request cannot double-schedule. ``egress`` is where a
+    webhook may go: the caller's deployment's policy (``webhook_policy(settings)`` at the command line,
+    the run's ``webhook`` resource in an agent's tool); left out, only public addresses, as with
+    MARKETING_WEBHOOK_ALLOW_NETWORKS unset.
     """
     payload = dict(payload or {})
     for name, text in (("campaign", campaign_id), ("stage", stage), ("action", action), ("dedupe_key", dedupe_key)):
@@ -110,7 +112,7 @@ def schedule_execution(
     except ValueError as exc:
         raise InvalidInput(f"payload is {exc}") from None
     try:
-        get_action(action).validate(payload, egress or webhook_policy())
+        get_action(action).validate(payload, egress)
     except InvalidPayload as exc:
         raise InvalidInput(str(exc)) from None
     if action == "webhook" and "endpoint" in payload:
@@ -529,7 +531,7 @@ def schedule_lines(
     lines: Sequence[ParsedLine | LineError],
     *,
     default_max_attempts: int,
-    egress: EgressPolicy | None = None,
+    egress: EgressPolicy = PUBLIC_ONLY,
 ) -> ScheduledFile:
     """Schedule each valid line in its own savepoint, so a line the database refuses costs only itself."""
     new: list[int] = []

@@ -9,7 +9,6 @@ actors the sketch is still in its exact coupon mode and the estimate rounds to t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import datasketches
@@ -47,8 +46,3 @@ def union_of(parts: Iterable[datasketches.hll_sketch]) -> datasketches.hll_sketc
 
 def estimate(sketch: datasketches.hll_sketch) -> int:
     return round(sketch.get_estimate())
-
-
-def bounds(sketch: datasketches.hll_sketch, std_devs: int = 2) -> tuple[int, int]:
-    """A confidence interval of the estimate (2 standard deviations is about 95 %)."""
-    return math.floor(sketch.get_lower_bound(std_devs)), math.ceil(sketch.get_upper_bound(std_devs))

@@ -21,10 +21,6 @@ class Source:
     asset: str  # the importer's asset key
     settings: tuple[str, ...]  # the Settings fields that turn it on
 
-    @property
-    def env_vars(self) -> tuple[str, ...]:
-        return tuple(env_name(field) for field in self.settings)
-
 
 SOURCES = (
     Source("site_analytics", "site_analytics_daily", ("plausible_api_key", "plausible_site_id")),

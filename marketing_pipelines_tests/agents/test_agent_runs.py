@@ -44,7 +44,12 @@ def people(engine: sa.Engine) -> sa.Engine:
 
 
 def _request(engine: sa.Engine, **kw: Any) -> int:
-    args: dict[str, Any] = {"agent": "measurement_analyst", "campaign_id": "spring-launch", "requested_by": "ana"}
+    args: dict[str, Any] = {
+        "agent": "measurement_analyst",
+        "campaign_id": "spring-launch",
+        "requested_by": "ana",
+        "settings": settings_from({}),
+    }
     args.update(kw)
     with engine.begin() as conn:
         return request_agent_run(conn, **args)

@@ -31,7 +31,7 @@ from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines_tests.agents.fake_models import unconfigured_models
 from marketing_pipelines_tests.built import queued_agent_runs_sensor
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, settings_from
 
 
 @pytest.fixture
@@ -52,6 +52,7 @@ def _request(engine: sa.Engine, **kw: Any) -> int:
         "campaign_id": "spring-launch",
         "requested_by": "ana",
         "input": {"stage": "launch"},
+        "settings": settings_from({}),
     }
     args.update(kw)
     with engine.begin() as conn:
@@ -69,7 +70,12 @@ def _refused(engine: sa.Engine, **kw: Any) -> AgentRunRefused:
 
 
 def _request_in(conn: sa.Connection, **kw: Any) -> int:
-    args: dict[str, Any] = {"agent": "campaign_brief", "campaign_id": "spring-launch", "input": {"stage": "launch"}}
+    args: dict[str, Any] = {
+        "agent": "campaign_brief",
+        "campaign_id": "spring-launch",
+        "input": {"stage": "launch"},
+        "settings": settings_from({}),
+    }
     args.update(kw)
     return request_agent_run(conn, **args)
 

@@ -133,6 +133,17 @@ def test_arguments_that_do_not_fit_the_schema_are_refused_before_the_tool_runs(
     assert problem in denial["content"]["reason"]
 
 
+def _request_brief(conn: sa.Connection, campaign_id: str) -> int:
+    return request_agent_run(
+        conn,
+        agent="campaign_brief",
+        campaign_id=campaign_id,
+        requested_by="ben",
+        input=BRIEF,
+        settings=settings_from({}),
+    )
+
+
 def test_an_agent_run_for_a_campaign_without_any_grant_is_refused_when_requested(ana: sa.Engine) -> None:
     with ana.begin() as conn:
         users.add_user(conn, "ben")
@@ -141,15 +152,13 @@ def test_an_agent_run_for_a_campaign_without_any_grant_is_refused_when_requested
         pytest.raises(InvalidInput, match="holds no permission on campaign 'secret-project'") as caught,
         ana.begin() as conn,
     ):
-        request_agent_run(conn, agent="campaign_brief", campaign_id="secret-project", requested_by="ben", input=BRIEF)
+        _request_brief(conn, "secret-project")
     assert "marketing-pipelines users grant ben campaign:read --campaign secret-project" in str(caught.value)
     with ana.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(agent_run)).scalar_one() == 0
     # One grant on the campaign is enough to queue it; the run's calls are then checked one by one.
     with ana.begin() as conn:
-        assert request_agent_run(
-            conn, agent="campaign_brief", campaign_id="spring-launch", requested_by="ben", input=BRIEF
-        )
+        assert _request_brief(conn, "spring-launch")
     assert AGENT_RUNS.table is agent_run
 
 

@@ -12,6 +12,8 @@ import ipaddress
 import json
 import logging
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +37,7 @@ from marketing_pipelines.redact import redact_url, redact_urls
 from marketing_pipelines_tests.built import due_executions_sensor
 from marketing_pipelines_tests.executions.runs import perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.processes import child_env
 from marketing_pipelines_tests.webserver import webhook_server
 
 NONE = EgressPolicy()
@@ -82,6 +85,39 @@ def test_disallowed_destinations_are_refused_when_scheduled(
     with pytest.raises(InvalidInput, match=refused) as caught:
         _schedule(engine, url, egress)
     assert "pw" not in str(caught.value) and "token" not in str(caught.value)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(marketing_execution)).scalar_one() == 0
+
+
+# Run in a child whose environment allows loopback: a caller that passes no policy gets the strictest one,
+# never its own process's (before, schedule_execution read MARKETING_WEBHOOK_ALLOW_NETWORKS and accepted it).
+_SCHEDULE_WITHOUT_A_POLICY = """
+import sys
+from datetime import UTC, datetime
+from marketing_pipelines.db.engine import get_engine
+from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.executions.queue import schedule_execution
+with get_engine(sys.argv[1]).begin() as conn:
+    try:
+        schedule_execution(conn, campaign_id="spring-launch", stage="launch", action="webhook",
+                           due_at=datetime.now(UTC), payload={"url": "http://127.0.0.1:9/hook"})
+    except InvalidInput as exc:
+        sys.exit(f"refused: {exc}")
+"""
+
+
+def test_a_schedule_without_a_policy_gets_the_strictest_not_the_processs_environment(
+    db_url: str, engine: sa.Engine
+) -> None:
+    add_campaign(engine)
+    child = subprocess.run(
+        [sys.executable, "-c", _SCHEDULE_WITHOUT_A_POLICY, db_url],
+        env=child_env(MARKETING_WEBHOOK_ALLOW_NETWORKS="127.0.0.1/32"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 1 and "refused: " in child.stderr and "loopback address" in child.stderr, child.stderr
     with engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(marketing_execution)).scalar_one() == 0
 

@@ -113,7 +113,7 @@ def emptied(url: str) -> str:
 def demo_in(folder: Path, found: Demo) -> Iterator[Demo]:
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(folder)  # the demo's Dagster home is .marketing/dagster_home under the current directory
-        run_demo(echo=lambda line: None, settings=load_settings(database_url=found.url))
+        run_demo(load_settings(database_url=found.url), echo=lambda line: None)
     yield found
     found.engine.dispose()
 

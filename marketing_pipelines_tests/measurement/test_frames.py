@@ -27,8 +27,7 @@ from marketing_pipelines.measurement.report.frames import (
     rollup_frame,
 )
 from marketing_pipelines.measurement.report.rendering import MAX_FUNNEL_CAMPAIGNS, funnel_markdown
-from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, replace_rollup_day
 
 DAYS = (date(2026, 11, 18), date(2026, 11, 19), date(2026, 11, 20))
 CAMPAIGNS = ("spring-launch", "summer_sale", "winter-promo")

@@ -17,9 +17,8 @@ from marketing_pipelines.db.schema import measurement_weekly_sketch as weekly_ta
 from marketing_pipelines.measurement import sketches
 from marketing_pipelines.measurement.report.build import measurement_report
 from marketing_pipelines.measurement.report.model import MeasurementReport
-from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
 from marketing_pipelines.measurement.rollup.weekly import week_start
-from marketing_pipelines_tests.factories import sketch_of
+from marketing_pipelines_tests.factories import replace_rollup_day, sketch_of
 from marketing_pipelines_tests.measurement.generated import seed
 
 FIRST = date(2026, 11, 2)  # a Monday: the range holds two whole ISO weeks and three days of a third

@@ -14,7 +14,6 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.jobs import agent_run_job
-from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.egress import EgressPolicy, parse_networks
@@ -36,7 +35,7 @@ from marketing_pipelines_tests.agents.fake_models import unconfigured_models
 from marketing_pipelines_tests.agents.runs import AGENT_RESOURCES
 from marketing_pipelines_tests.built import due_executions_sensor, queued_agent_runs_sensor
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, request_offline_analysis
 from marketing_pipelines_tests.webserver import Recorder, webhook_server
 
 SECRET = "T000/B000/XXXXSECRETXXXX"
@@ -191,9 +190,7 @@ def test_a_failed_agent_run_alerts_with_its_agent_and_reason(
     with engine.begin() as conn:
         users.add_user(conn, "ben")
         users.grant(conn, "ben", "measurement:read")
-        agent_run_id = request_agent_run(
-            conn, agent="measurement_analyst", campaign_id="spring-launch", requested_by="ben"
-        )
+        agent_run_id = request_offline_analysis(conn, "ben")
         users.set_active(conn, "ben", False)
     cursor = _start(instance, db_url, slack)
     context = dg.build_sensor_context(

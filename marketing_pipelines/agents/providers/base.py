@@ -41,25 +41,14 @@ class ProviderSpec:
 
     @property
     def api_key_env(self) -> str | None:
-        return self._variable("api_key")
-
-    @property
-    def model_env(self) -> str | None:
-        return self._variable("model")
-
-    @property
-    def base_url_env(self) -> str | None:
-        return self._variable("base_url")
+        """The variable the provider's API key is read from, or None for a provider that needs none."""
+        setting = settings_of(self.resource_class).get("api_key")
+        return env_name(setting) if setting else None
 
     def missing_key(self, settings: Settings) -> str | None:
         """The API-key variable this provider needs and ``settings`` lack, or None."""
         setting = settings_of(self.resource_class).get("api_key")
         return env_name(setting) if setting and getattr(settings, setting) is None else None
-
-    def _variable(self, field: str) -> str | None:
-        """The variable the resource's ``field`` is read from, or None when it is no setting."""
-        setting = settings_of(self.resource_class).get(field)
-        return env_name(setting) if setting else None
 
 
 @shown_in_ui

@@ -179,12 +179,6 @@ def partition_transaction(engine: sa.Engine) -> Iterator[sa.Connection]:
             yield conn
 
 
-def replace_rollup_day(engine: sa.Engine, day: date) -> RollupSummary:
-    """Rebuild one day of ``measurement_daily_rollup``, then its week in ``measurement_weekly_sketch``."""
-    [summary] = replace_rollup_days(engine, [day])
-    return summary
-
-
 def replace_rollup_days(engine: sa.Engine, days: Sequence[date]) -> list[RollupSummary]:
     """Rebuild each of ``days`` in ``measurement_daily_rollup``, then each of their weeks once.
 

@@ -36,13 +36,3 @@ def events_per_day(conn: sa.Connection, days: Sequence[date]) -> dict[date, int]
     )
     counts = {row[0]: int(row[1]) for row in rows}
     return {d: counts.get(d, 0) for d in days}
-
-
-def days_with_events_ingested(conn: sa.Connection, since: datetime | None, until: datetime) -> dict[date, int]:
-    """UTC days of the events ingested in (since, until], with how many events each; served by the ingested_at index."""
-    e = marketing_event
-    day = utc_day(e.c.occurred_at, conn.dialect).label("day")
-    query = sa.select(day, sa.func.count()).where(e.c.ingested_at <= until).group_by(day)
-    if since is not None:
-        query = query.where(e.c.ingested_at > since)
-    return {row[0]: int(row[1]) for row in conn.execute(query)}
