@@ -41,6 +41,8 @@ from _common import free_port, print_table, throwaway_database
 from _daemon import dagster_bin, dagster_storage_database
 from dagster import DagsterEventType
 
+from marketing_pipelines.redact import shown_text
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")
 JOB = "marketing_execution_job"
@@ -113,7 +115,8 @@ def launch(kind: str, index: int, env: dict[str, str], workspace: Path, dagster:
             events = conn.execute(
                 sa.text("SELECT event FROM event_logs WHERE run_id = :r ORDER BY id DESC LIMIT 6"), {"r": run_id}
             ).scalars()
-            said = [json.loads(e).get("user_message", "")[:400] for e in events]
+            # A run's messages may quote a URL or an error with a secret in it: shown as the project shows text.
+            said = [shown_text(json.loads(e).get("user_message", "")[:400]) for e in events]
         sys.exit(f"run {run_id} ({kind}) ended {status}; its last events:\n" + "\n".join(reversed(said)))
     with dagster.connect() as conn:
         times = dict(
