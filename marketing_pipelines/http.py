@@ -169,10 +169,6 @@ def server_wait_hint(response: httpx.Response, now: float | None = None) -> floa
     return None
 
 
-def is_retryable(response: httpx.Response, policy: HttpRetry | None = None) -> bool:
-    return response.status_code in RETRYABLE_STATUSES or (policy or HttpRetry()).rate_limited(response)
-
-
 def send_with_retries(
     client: httpx.Client,
     request: httpx.Request,
@@ -207,7 +203,7 @@ def send_with_retries(
             hint = None
             rate_limited = False
         else:
-            if not is_retryable(response, policy):
+            if response.status_code not in RETRYABLE_STATUSES and not policy.rate_limited(response):
                 return response
             response.read()
             last_problem = redact_text(f"HTTP {response.status_code}: {response.text[:200].strip()}")

@@ -3,7 +3,7 @@ output and transcript in the run's metadata; an agent run that ends FAILED fails
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import dagster as dg
@@ -125,9 +125,7 @@ class AgentAttempt:
 
     def succeeded(self, result: AgentResult) -> dg.Output[dict[str, Any]]:
         with self.engine.begin() as conn:
-            recorded = finish(
-                conn, AGENT_RUNS, self.agent_run_id, self.owner, "SUCCEEDED", {"output": result.as_output()}
-            )
+            recorded = finish(conn, AGENT_RUNS, self.agent_run_id, self.owner, "SUCCEEDED", {"output": asdict(result)})
         if not recorded:
             # The result is lost with the lease; whoever holds the row now records its outcome.
             raise dg.Failure(

@@ -18,7 +18,6 @@ from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_r
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.leasing.lease import RETRYABLE, LeaseQueue, cancel
 from marketing_pipelines.settings import MODEL_PROVIDERS, Settings
-from marketing_pipelines.strict_json import parse_json_object
 
 if TYPE_CHECKING:
     from marketing_pipelines.agents.catalog import AgentDefinition
@@ -51,10 +50,6 @@ class AgentRunRefused(InvalidInput):
         super().__init__(f"{reason} (recorded as agent run {agent_run_id}, REFUSED)")
         self.reason = reason
         self.agent_run_id = agent_run_id
-
-
-def parse_input(value: str | None) -> dict[str, Any]:
-    return parse_json_object(value, "--input")
 
 
 def configured_provider_problem(provider: str, settings: Settings) -> str | None:

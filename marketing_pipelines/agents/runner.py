@@ -49,9 +49,6 @@ class AgentResult:
     tool_calls: int
     denials: int
 
-    def as_output(self) -> dict[str, Any]:
-        return {"text": self.text, "steps": self.steps, "tool_calls": self.tool_calls, "denials": self.denials}
-
 
 def run_agent_loop(
     *,

@@ -158,10 +158,11 @@ def agents_request(
       marketing-pipelines agents request --agent campaign_brief --campaign spring-launch \\
         --as ana --input '{"stage": "launch", "tone": "playful"}'
     """
-    from marketing_pipelines.agents.queue import AgentRunRefused, parse_input, request_agent_run
+    from marketing_pipelines.agents.queue import AgentRunRefused, request_agent_run
+    from marketing_pipelines.strict_json import parse_json_object
 
     s = settings()
-    payload = parse_input(input_json)
+    payload = parse_json_object(input_json, "--input")
     refused: AgentRunRefused | None = None
     with ready_conn() as conn:
         try:

@@ -75,7 +75,8 @@ def executions_schedule(
       marketing-pipelines executions schedule --file launch.jsonl
     """
     from marketing_pipelines.executions.actions import webhook_policy
-    from marketing_pipelines.executions.queue import parse_due, parse_payload, schedule_execution
+    from marketing_pipelines.executions.queue import parse_due, schedule_execution
+    from marketing_pipelines.strict_json import parse_json_object
 
     required = {"--campaign": campaign_id, "--stage": stage, "--action": action, "--due": due}
     options = {**required, "--payload": payload, "--max-attempts": max_attempts, "--dedupe-key": dedupe_key}
@@ -88,7 +89,7 @@ def executions_schedule(
     if campaign_id is None or stage is None or action is None or due is None:
         missing = [flag for flag, value in required.items() if value is None]
         raise click.UsageError(f"Missing option {', '.join(missing)} (or give --file)")
-    due_at, parsed_payload = parse_due(due), parse_payload(payload)
+    due_at, parsed_payload = parse_due(due), parse_json_object(payload, "payload")
     with ready_conn() as conn:
         execution_id = schedule_execution(
             conn,

@@ -21,11 +21,8 @@ class AppDatabase(dg.ConfigurableResource):
 
     url: str | None = setting_field("database_url")
 
-    def resolved_url(self) -> str:
-        return self.url or default_database_url()
-
     def engine(self) -> sa.Engine:
-        return get_engine(self.resolved_url())
+        return get_engine(self.url or default_database_url())
 
     def ready_engine_or_skip(self) -> sa.Engine | dg.SkipReason:
         """The ready engine for a sensor, or the one-line reason its tick skips (not migrated, unreachable)."""

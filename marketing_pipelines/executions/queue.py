@@ -20,7 +20,7 @@ from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import InvalidPayload, get_action
 from marketing_pipelines.executions.endpoints import require_endpoint
 from marketing_pipelines.leasing.lease import RETRYABLE, LeaseQueue, cancel, now_expr
-from marketing_pipelines.strict_json import check_depth, loads_json, parse_json_object
+from marketing_pipelines.strict_json import check_depth, loads_json
 
 EXECUTIONS = LeaseQueue(
     table=marketing_execution,
@@ -56,10 +56,6 @@ def parse_time(value: str, name: str, alternatives: str = "") -> datetime:
         return parsed.astimezone(UTC)
     except OverflowError:
         raise InvalidInput(f"{name} {value!r} is out of range in UTC") from None
-
-
-def parse_payload(value: str | None) -> dict[str, Any]:
-    return parse_json_object(value, "payload")
 
 
 def execution_with_dedupe_key(conn: sa.Connection, dedupe_key: str) -> int | None:

@@ -11,7 +11,7 @@ process's clock on SQLite, as in ``leasing/lease.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -55,23 +55,8 @@ class QueueHealth:
     agent_runs: AgentRunsHealth
 
     def as_json(self) -> dict[str, dict[str, Any]]:
-        """The shape ``status --json`` prints; ``None`` (JSON null) where nothing waits."""
-        e, a = self.executions, self.agent_runs
-        return {
-            "executions": {
-                "due": e.due,
-                "oldest_due_seconds": e.oldest_due_seconds,
-                "running": e.running,
-                "failed_last_hour": e.failed_last_hour,
-                "succeeded_last_hour": e.succeeded_last_hour,
-            },
-            "agent_runs": {
-                "queued": a.queued,
-                "oldest_queued_seconds": a.oldest_queued_seconds,
-                "running": a.running,
-                "failed_last_hour": a.failed_last_hour,
-            },
-        }
+        """The shape ``status --json`` prints: each queue's fields in order, ``None`` (JSON null) where none waits."""
+        return {"executions": asdict(self.executions), "agent_runs": asdict(self.agent_runs)}
 
 
 def _clock(conn: sa.Connection, now: datetime | None) -> tuple[sa.ColumnElement[datetime], sa.ColumnElement[datetime]]:

@@ -15,25 +15,16 @@ from pydantic.fields import FieldInfo
 from marketing_pipelines.agents.jobs import run_agent
 from marketing_pipelines.agents.models import model_resources, pick_provider
 from marketing_pipelines.agents.providers.anthropic import AnthropicModel
-from marketing_pipelines.agents.providers.base import HTTPModel, ProviderSpec
+from marketing_pipelines.agents.providers.base import HTTPModel
 from marketing_pipelines.agents.providers.offline import OfflineModel
 from marketing_pipelines.agents.providers.openai import OpenAIModel
 from marketing_pipelines.agents.providers.registry import PROVIDERS, provider_spec
 from marketing_pipelines.agents.queue import configured_provider_problem
 from marketing_pipelines.http import ServiceError
-from marketing_pipelines.settings import MODEL_PROVIDERS, env_name, settings_of
+from marketing_pipelines.settings import MODEL_PROVIDERS
 from marketing_pipelines_tests.agents.fake_models import OPENAI_TEXT, SYSTEM
 from marketing_pipelines_tests.built import DEFS
-from marketing_pipelines_tests.factories import settings_from
-
-
-def _variable(spec: ProviderSpec, field: str) -> str | None:
-    """The variable the provider resource's ``field`` is read from, or None when it is no setting."""
-    setting = settings_of(spec.resource_class).get(field)
-    return env_name(setting) if setting else None
-
-
-PROVIDER_ENV = [v for spec in PROVIDERS for field in ("api_key", "model", "base_url") if (v := _variable(spec, field))]
+from marketing_pipelines_tests.factories import provider_variable, settings_from
 
 
 @pytest.mark.parametrize(
@@ -63,7 +54,7 @@ def test_registry_records(
 ) -> None:
     spec = provider_spec(name)
     assert spec is not None
-    variables = (spec.api_key_env, _variable(spec, "model"), _variable(spec, "base_url"))
+    variables = (spec.api_key_env, provider_variable(spec, "model"), provider_variable(spec, "base_url"))
     assert (spec.resource_class, spec.resource_key, *variables) == (
         resource_class,
         resource_key,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import tracemalloc
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,13 @@ from marketing_pipelines.measurement.events.parse import physical_lines as _phys
 from marketing_pipelines.measurement.events.rejects import list_rejects, reject_file_label
 from marketing_pipelines.measurement.events.validate import MAX_PROPERTIES_BYTES, InvalidEvent
 from marketing_pipelines.measurement.events.validate import validated_row as _validated_row
-from marketing_pipelines.measurement.events.write import COPY_MIN_ROWS, LoadCounts, record_events
+from marketing_pipelines.measurement.events.write import (
+    COPY_MIN_ROWS,
+    LoadCounts,
+    first_event_day,
+    ingestion_reading,
+    record_events,
+)
 from marketing_pipelines.strict_json import loads_json
 from marketing_pipelines_tests.factories import add_campaign
 
@@ -222,6 +228,21 @@ def test_record_events_validates_all_before_writing(engine: sa.Engine, campaign:
     ):
         record_events(conn, [event(event_id="c"), event(event_id="d", occurred_at="2026-11-26T10:00:00")])
     assert set(stored_events(engine)) == {"a", "b"}
+
+
+def test_the_first_day_and_last_ingestion_are_read_as_aware_utc_times(engine: sa.Engine, campaign: str) -> None:
+    # 00:30 at +01:00 is the previous UTC day: a naive or local reading of the MIN would get the day wrong.
+    with engine.connect() as conn:
+        assert first_event_day(conn) is None
+        assert ingestion_reading(conn, datetime.now(UTC)).last_ingested_at is None
+    with engine.begin() as conn:
+        record_events(conn, [event(event_id="a", occurred_at="2026-11-26T00:30:00+01:00"), event(event_id="b")])
+    with engine.connect() as conn:
+        assert first_event_day(conn) == date(2026, 11, 25)
+        reading = ingestion_reading(conn, datetime.now(UTC))
+    assert reading.last_ingested_at is not None and reading.last_ingested_at.tzinfo == UTC
+    assert abs(datetime.now(UTC) - reading.last_ingested_at) < timedelta(minutes=5)
+    assert reading.ingested_last_hour == 2
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from marketing_pipelines.cli import main
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.measurement.report.build import measurement_report
 from marketing_pipelines.measurement.report.rendering import render
-from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
+from marketing_pipelines_tests.factories import replace_rollup_day
 from marketing_pipelines_tests.measurement.generated import DAYS, generated_events, seed
 
 MENTIONS_EVENTS = re.compile(r"\bmarketing_event\b", re.IGNORECASE)

@@ -22,8 +22,7 @@ from marketing_pipelines.measurement.checks import (
     check_unique_actors_within_raw_count,
 )
 from marketing_pipelines.measurement.events.write import record_events
-from marketing_pipelines.measurement.rollup.daily import replace_rollup_day
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, replace_rollup_day
 from marketing_pipelines_tests.measurement.generated import (
     DAYS,
     ROLLUP_COLUMNS,

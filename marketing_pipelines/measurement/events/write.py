@@ -220,18 +220,10 @@ def record_events(conn: sa.Connection, events: Iterable[Mapping[str, Any]], sour
     return counts
 
 
-def _aware(value: datetime | str | None) -> datetime | None:
-    """An aggregate of a UTC column as an aware datetime: SQLite hands one back as text, without the column
-    type's conversion."""
-    if value is None:
-        return None
-    value = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
-
-
 def first_event_day(conn: sa.Connection) -> date | None:
     """The UTC day of the earliest stored event (an index-only MIN on ``occurred_at``), or None when there is none."""
-    first = _aware(conn.execute(sa.select(sa.func.min(marketing_event.c.occurred_at))).scalar_one())
+    # MIN and MAX take their column's type, so UTCDateTime turns SQLite's text into an aware datetime.
+    first = conn.execute(sa.select(sa.func.min(marketing_event.c.occurred_at))).scalar_one()
     return first.date() if first is not None else None
 
 
@@ -247,7 +239,7 @@ def ingestion_reading(conn: sa.Connection, now: datetime) -> IngestionReading:
     """The last ingestion time and the events ingested in the hour before ``now``; both read from the
     ``ingested_at`` index, never the whole table."""
     e = marketing_event
-    last = _aware(conn.execute(sa.select(sa.func.max(e.c.ingested_at))).scalar_one())
+    last = conn.execute(sa.select(sa.func.max(e.c.ingested_at))).scalar_one()
     hour = conn.execute(
         sa.select(sa.func.count()).select_from(e).where(e.c.ingested_at > now - timedelta(hours=1))
     ).scalar_one()

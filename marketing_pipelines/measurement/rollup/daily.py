@@ -82,13 +82,12 @@ def first_party_day(conn: sa.Connection, day: date) -> list[tuple[FirstPartyAggr
                 sketch = built[key] = sketches.new_sketch()
             sketch.update(actor_id)
     return [
-        (FirstPartyAggregate(*key, raw_count=acc[0], unique_actors=acc[1]), _serialized(built.get(key)))
+        (
+            FirstPartyAggregate(*key, raw_count=acc[0], unique_actors=acc[1]),
+            sketches.serialize(built[key]) if key in built else None,
+        )
         for key, acc in totals.items()
     ]
-
-
-def _serialized(sketch: sketches.datasketches.hll_sketch | None) -> bytes | None:
-    return sketches.serialize(sketch) if sketch is not None else None
 
 
 def _importer_rows(
