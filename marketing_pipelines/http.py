@@ -203,11 +203,11 @@ def send_with_retries(
             hint = None
             rate_limited = False
         else:
-            if response.status_code not in RETRYABLE_STATUSES and not policy.rate_limited(response):
+            rate_limited = policy.rate_limited(response)
+            if response.status_code not in RETRYABLE_STATUSES and not rate_limited:
                 return response
             response.read()
             last_problem = redact_text(f"HTTP {response.status_code}: {response.text[:200].strip()}")
-            rate_limited = policy.rate_limited(response)
             hint = server_wait_hint(response)
             if hint is None and rate_limited and policy.min_rate_limit_wait_s > 0:
                 hint = policy.min_rate_limit_wait_s
