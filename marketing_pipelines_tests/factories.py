@@ -12,7 +12,6 @@ import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
 from marketing_pipelines.agents.jobs import agent_run_job
-from marketing_pipelines.agents.providers.base import ProviderSpec
 from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.schema import marketing_execution
@@ -24,7 +23,7 @@ from marketing_pipelines.measurement import sketches
 from marketing_pipelines.measurement.rollup.daily import RollupSummary, replace_rollup_days
 from marketing_pipelines.monitoring.alert_sensor import run_failures_after
 from marketing_pipelines.monitoring.alerts import Alert, describe_failed_runs, format_alert
-from marketing_pipelines.settings import Settings, env_name, load_settings, settings_of
+from marketing_pipelines.settings import Settings, env_name, load_settings
 
 
 def add_campaign(engine: sa.Engine, campaign_id: str = "spring-launch", **kw: Any) -> str:
@@ -97,12 +96,6 @@ def request_offline_analysis(conn: sa.Connection, requested_by: str, campaign_id
         provider="offline",
         settings=settings_from({}),
     )
-
-
-def provider_variable(spec: ProviderSpec, field: str) -> str | None:
-    """The variable a model provider's resource ``field`` (api_key, model, base_url) is read from, or None."""
-    setting = settings_of(spec.resource_class).get(field)
-    return env_name(setting) if setting else None
 
 
 def replace_rollup_day(engine: sa.Engine, day: date) -> RollupSummary:

@@ -28,7 +28,6 @@ from pydantic import SecretStr
 
 from marketing_pipelines.agents.providers.registry import PROVIDERS
 from marketing_pipelines.settings import Settings, env_name, is_secret
-from marketing_pipelines_tests.factories import provider_variable
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "deploy" / "container" / "Dockerfile"
@@ -59,7 +58,7 @@ def setting_variables() -> set[str]:
 def provider_variables() -> set[str]:
     """The model providers' variables, from the registry that reads them (the importers' are settings)."""
     fields = ("api_key", "model", "base_url")
-    return {name for spec in PROVIDERS for field in fields if (name := provider_variable(spec, field))}
+    return {name for spec in PROVIDERS for field in fields if (name := spec.variable(field))}
 
 
 def secret_variables() -> set[str]:

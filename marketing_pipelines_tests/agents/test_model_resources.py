@@ -24,7 +24,7 @@ from marketing_pipelines.http import ServiceError
 from marketing_pipelines.settings import MODEL_PROVIDERS
 from marketing_pipelines_tests.agents.fake_models import OPENAI_TEXT, SYSTEM
 from marketing_pipelines_tests.built import DEFS
-from marketing_pipelines_tests.factories import provider_variable, settings_from
+from marketing_pipelines_tests.factories import settings_from
 
 
 @pytest.mark.parametrize(
@@ -54,7 +54,7 @@ def test_registry_records(
 ) -> None:
     spec = provider_spec(name)
     assert spec is not None
-    variables = (spec.api_key_env, provider_variable(spec, "model"), provider_variable(spec, "base_url"))
+    variables = (spec.api_key_env, spec.variable("model"), spec.variable("base_url"))
     assert (spec.resource_class, spec.resource_key, *variables) == (
         resource_class,
         resource_key,

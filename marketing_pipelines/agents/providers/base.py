@@ -39,11 +39,14 @@ class ProviderSpec:
         """The provider resource's key in ``Definitions``, and the name of ``run_agent``'s parameter taking it."""
         return f"{self.name}_model"
 
+    def variable(self, field: str) -> str | None:
+        """The variable the resource's ``field`` (``api_key``, ``model``, ``base_url``) is read from, or None."""
+        setting = settings_of(self.resource_class).get(field)
+        return env_name(setting) if setting else None
+
     @property
     def api_key_env(self) -> str | None:
-        """The variable the provider's API key is read from, or None for a provider that needs none."""
-        setting = settings_of(self.resource_class).get("api_key")
-        return env_name(setting) if setting else None
+        return self.variable("api_key")
 
     def missing_key(self, settings: Settings) -> str | None:
         """The API-key variable this provider needs and ``settings`` lack, or None."""
