@@ -45,6 +45,24 @@ class EgressRefused(ValueError):
     """The destination is not allowed; the message names the address, why, and the setting."""
 
 
+def api_root_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an outside service's API root (an importer's, a model provider's), or None.
+
+    User info is refused: httpx turns ``user:password@`` into an ``Authorization: Basic`` header that replaces
+    the service's own credential, and the URL is quoted in errors. The service's key has its own setting.
+    """
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 -- raises ValueError on a port that is not a number in range
+    except ValueError:
+        return "is not a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL with a host"
+    if "@" in parts.netloc:
+        return "must not hold user info (user:password@): the service's credential has its own setting"
+    return None
+
+
 def parse_networks(value: str | Iterable[str]) -> tuple[IPNetwork, ...]:
     """``"127.0.0.1/32, 10.0.0.0/8"`` -> networks; raises ValueError naming the bad entry."""
     items = value.split(",") if isinstance(value, str) else list(value)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from marketing_pipelines.redact import error_text, redact_text, redact_url, remember_headers
+from marketing_pipelines.redact import error_text, redact_text, redact_url, remember_headers, shown_cell
 
 
 class _RedactedRecords(logging.Filter):
@@ -60,7 +60,10 @@ class ServiceError(RuntimeError):
     """
 
     def __init__(self, service: str, message: str, status: int | None = None, *, transient: bool = False) -> None:
-        super().__init__(f"{service}: {message}")
+        # The message quotes what a service answered, which may echo a credential (whole, cut or re-encoded) and
+        # hold control characters: it is made showable once, here, so every place that stores or shows it (a
+        # Dagster failure's description, the event log, a CLI line) holds only the redacted line.
+        super().__init__(shown_cell(f"{service}: {message}"))
         self.service = service
         self.status = status
         self.transient = transient

@@ -19,11 +19,16 @@ bidirectional characters visibly, so untrusted text cannot drive a terminal or r
 
 from __future__ import annotations
 
+import base64
+import binascii
+import bisect
+import contextlib
+import html
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 # A URL inside free text: a scheme, "://", then everything up to white space. Quotes, brackets and
 # backslashes are valid in (or next to) a query, and ending the match at one would show what follows;
@@ -162,8 +167,14 @@ MIN_REMEMBERED_CHARS = 8
 # A process remembers at most this many (a run sends at most a batch's headers); past it, new ones are not
 # remembered, so a process sending endless distinct header values cannot grow without bound.
 MAX_REMEMBERED = 20_000
+# The shortest piece of a secret that is hidden wherever it appears: a service that quotes a key and is cut
+# by a snippet's length, or a model that repeats half of one, shows a piece, not the whole. A secret shorter
+# than this is hidden only whole.
+PIECE_CHARS = 12
 # The authorization schemes whose token is also remembered alone ("Bearer X" -> X too).
 _SCHEME_AND_TOKEN = re.compile(r"(?i)(?:bearer|basic|token|digest|bot)\s+(\S.*)")
+# Standard Webhooks secrets are "whsec_" and the base64 of the key; its libraries strip the prefix and decode.
+_STANDARD_WEBHOOKS_PREFIX = "whsec_"
 # Headers whose values are no secret and recur in ordinary text (``application/json``, an API version
 # date, a request id): never remembered. Every other header value is, as ``redact_value`` hides it.
 PUBLIC_HEADERS = frozenset(
@@ -175,27 +186,198 @@ PUBLIC_HEADERS = frozenset(
         *("idempotency-key", "marketing-attempt", "webhook-id", "webhook-timestamp", "webhook-signature"),
     }
 )
-_remembered: set[str] = set()
-_remembered_longest_first: tuple[str, ...] = ()
+
+# Where an echo may be re-encoded: a run of at least PIECE_CHARS non-space characters (every encoding of a
+# piece is at least that long), and inside it what hex and base64 are made of.
+_ENCODED_RUN = re.compile(rf"\S{{{PIECE_CHARS},}}")
+_HEX_RUN = re.compile(rf"[0-9a-fA-F]{{{2 * PIECE_CHARS},}}")
+_BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{16,}")
+_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|x([0-9a-fA-F]{2})|U([0-9a-fA-F]{8})|(.))", re.DOTALL)
+_URLSAFE_TO_STANDARD = str.maketrans("-_", "+/")
+# What splits an echo over lines: a line break or the escape a JSON or Python string writes it as, with the
+# indentation around it.
+_LINE_BREAK = r"[\r\n\x0b\x0c\x85\u2028\u2029]|\\[nr]"
+_LINE_SPLIT = re.compile(rf"[ \t]*(?:{_LINE_BREAK})(?:[ \t]|\\t|{_LINE_BREAK})*")
+
+
+def _unescaped(match: re.Match[str]) -> str:
+    code = match.group(1) or match.group(2) or match.group(3)
+    if code is None:
+        return match.group(4)  # \" or \/ or \\: the character itself
+    value = int(code, 16)
+    return chr(value) if value <= 0x10FFFF else ""
+
+
+def _decodings(run: str, *, whole: bool) -> Iterator[tuple[str, int, int]]:
+    """What ``run`` (no white space) or a part of it may be an encoding of, with that part's span in ``run``:
+    hex and base64 (standard or URL-safe, at every alignment) parts, and with ``whole`` the run URL-decoded,
+    ``\\u``/``\\x``-unescaped (JSON, Python) or with its HTML character references resolved. Bytes as Latin-1,
+    so an ASCII secret's piece reads the same."""
+    if whole and "%" in run:
+        once = unquote(run, errors="replace")
+        yield once, 0, len(run)
+        if "%" in once:  # encoded twice (a URL inside a query)
+            yield unquote(once, errors="replace"), 0, len(run)
+    if whole and "\\" in run:
+        yield _ESCAPE.sub(_unescaped, run), 0, len(run)
+    if whole and "&" in run:
+        yield html.unescape(run), 0, len(run)
+    for match in _HEX_RUN.finditer(run):
+        digits = match.group(0)
+        for start in (0, 1):
+            usable = digits[start : start + (len(digits) - start) // 2 * 2]
+            yield bytes.fromhex(usable).decode("latin-1"), match.start(), match.end()
+    for match in _BASE64_RUN.finditer(run):
+        alphabet = match.group(0).translate(_URLSAFE_TO_STANDARD)
+        for start in range(4):
+            usable = alphabet[start : start + (len(alphabet) - start) // 4 * 4]
+            try:
+                yield base64.b64decode(usable, validate=True).decode("latin-1"), match.start(), match.end()
+            except binascii.Error:
+                continue
+
+
+def _may_be_encoded(text: str) -> bool:
+    return "%" in text or "\\" in text or "&" in text or _BASE64_RUN.search(text) is not None
+
+
+class SecretSet:
+    """Secrets known by value, and ``hide``: every piece of ``PIECE_CHARS`` characters of each (a shorter secret
+    whole), raw, split over lines, or re-encoded as URL-encoding, ``\\u`` escapes, HTML references, hex or base64,
+    replaced by ``***`` in a text.
+
+    A piece is found by its 12-character windows: a window holds the 4-character pieces starting at the two
+    multiples of 4 after its start, so the text is walked 4 characters at a time and a window is looked up only
+    where two such quads of some secret follow each other (text holding no secret costs a quarter of its length in
+    set lookups). An encoded piece is found by decoding each run of non-space characters that could hold one, and
+    hides the whole run.
+    """
+
+    def __init__(self, min_chars: int, limit: int | None = None) -> None:
+        self.min_chars, self.limit = min_chars, limit
+        self.secrets: set[str] = set()
+        self._pieces: set[str] = set()
+        self._quads: set[str] = set()
+        self._short: tuple[str, ...] = ()  # longest first, so a secret holding another is hidden whole
+
+    def add(self, *values: str) -> None:
+        new = {v for v in values if len(v) >= self.min_chars} - self.secrets
+        if self.limit is not None:
+            new = set(sorted(new)[: max(self.limit - len(self.secrets), 0)])
+        if not new:
+            return
+        short = set(self._short)
+        for secret in new:
+            if len(secret) < PIECE_CHARS:
+                short.add(secret)
+                continue
+            self._pieces.update(secret[i : i + PIECE_CHARS] for i in range(len(secret) - PIECE_CHARS + 1))
+            self._quads.update(secret[i : i + 4] for i in range(len(secret) - 3))
+        self.secrets |= new
+        self._short = tuple(sorted(short, key=len, reverse=True))
+
+    def copy(self) -> SecretSet:
+        other = SecretSet(self.min_chars, self.limit)
+        other.secrets, other._pieces, other._quads = set(self.secrets), set(self._pieces), set(self._quads)
+        other._short = self._short
+        return other
+
+    def _found(self, view: str) -> list[tuple[int, int]]:
+        """Spans of ``view`` that are pieces (or short secrets), as they stand."""
+        spans: list[tuple[int, int]] = []
+        pieces, quads = self._pieces, self._quads
+        if pieces:
+            for p in range(0, len(view) - 7, 4):
+                if view[p : p + 4] in quads and view[p + 4 : p + 8] in quads:
+                    starts = range(max(p - 3, 0), p + 1)
+                    spans += [(s, s + PIECE_CHARS) for s in starts if view[s : s + PIECE_CHARS] in pieces]
+        for secret in self._short:
+            at = view.find(secret)
+            while at >= 0:
+                spans.append((at, at + len(secret)))
+                at = view.find(secret, at + 1)
+        return spans
+
+    def _spans(self, view: str, *, whole_runs: bool = True) -> list[tuple[int, int]]:
+        """``_found`` in ``view`` and each part of a run of ``view`` whose decoding holds a piece (``_decodings``)."""
+        spans = self._found(view)
+        if _may_be_encoded(view):
+            for run in _ENCODED_RUN.finditer(view):
+                for decoded, start, end in _decodings(run.group(0), whole=whole_runs):
+                    if self._found(decoded):
+                        spans.append((run.start() + start, run.start() + end))
+        return spans
+
+    def hide(self, text: str) -> str:
+        """``text`` with every piece of every secret, raw, split over lines or re-encoded, replaced by ``***``."""
+        if not self.secrets or len(text) < self.min_chars:
+            return text
+        spans = self._spans(text)
+        if _LINE_SPLIT.search(text):
+            spans += self._split_spans(text)
+        if not spans:
+            return text
+        spans.sort()
+        kept: list[str] = []
+        shown_up_to = 0
+        for start, end in spans:
+            # A piece of "Bearer <token>" may start with the space before the token: no secret, and the text's.
+            while start < end and text[start].isspace():
+                start += 1
+            while end > start and text[end - 1].isspace():
+                end -= 1
+            if end <= shown_up_to or start == end:
+                continue
+            if start >= shown_up_to:
+                kept += [text[shown_up_to:start], HIDDEN]
+            shown_up_to = end
+        return "".join(kept) + text[shown_up_to:]
+
+    def _split_spans(self, text: str) -> list[tuple[int, int]]:
+        """Spans of ``text`` whose characters, with the line breaks (and their escapes) between them left out, are a
+        piece or an encoded one: a key wrapped over lines, base64 broken every 76 characters. Only hex and base64
+        parts are decoded here: a whole run of the joined text spans several words of ``text``."""
+        found = self._spans(_LINE_SPLIT.sub("", text), whole_runs=False)
+        if not found:
+            return []
+        starts: list[tuple[int, int]] = []  # (position in the joined text, position in text) of each segment
+        length = position = 0
+        for separator in _LINE_SPLIT.finditer(text):
+            starts.append((length, position))
+            length += separator.start() - position
+            position = separator.end()
+        starts.append((length, position))
+        keys = [joined_at for joined_at, _ in starts]
+
+        def original(at: int) -> int:
+            segment = bisect.bisect_right(keys, at) - 1
+            return starts[segment][1] + at - starts[segment][0]
+
+        return [(original(start), original(end - 1) + 1) for start, end in found]
+
+
+_remembered = SecretSet(MIN_REMEMBERED_CHARS, MAX_REMEMBERED)
 _remembering = threading.Lock()
 
 
 def remember_secrets(*values: str | None) -> None:
-    """Hide each of ``values`` (and, after an authorization scheme, its token alone) from all text this process
-    redacts from now on: ``redact_text`` and everything built on it. Empty and short values are ignored."""
-    global _remembered_longest_first
+    """Hide each of ``values`` (and, after an authorization scheme, its token alone; a Standard Webhooks secret
+    without its prefix and as its key's bytes) from all text this process redacts from now on: ``redact_text``
+    and everything built on it, each piece of ``PIECE_CHARS`` and its encodings too. Empty and short values are
+    ignored."""
     wanted: set[str] = set()
     for value in values:
         value = (value or "").strip()
         scheme = _SCHEME_AND_TOKEN.fullmatch(value)
-        wanted.update(v for v in (value, scheme.group(1).strip() if scheme else "") if len(v) >= MIN_REMEMBERED_CHARS)
-    if wanted <= _remembered:  # the usual case, a key sent again: no lock
+        wanted.update((value, scheme.group(1).strip() if scheme else ""))
+        if value.startswith(_STANDARD_WEBHOOKS_PREFIX):
+            with contextlib.suppress(binascii.Error):
+                wanted.add(base64.b64decode(value[len(_STANDARD_WEBHOOKS_PREFIX) :], validate=True).decode("latin-1"))
+    wanted.discard("")
+    if wanted <= _remembered.secrets:  # the usual case, a key sent again: no lock
         return
     with _remembering:
-        room = MAX_REMEMBERED - len(_remembered)
-        _remembered.update(sorted(wanted - _remembered)[: max(room, 0)])
-        # Longest first, so a secret holding another is hidden whole.
-        _remembered_longest_first = tuple(sorted(_remembered, key=len, reverse=True))
+        _remembered.add(*wanted)
 
 
 def remember_headers(headers: Mapping[str, str]) -> None:
@@ -223,17 +405,41 @@ def remember_url_secrets(url: str | None, *, path_is_secret: bool = False) -> No
     remember_secrets(*values)
 
 
-def _hide_remembered(text: str) -> str:
-    for secret in _remembered_longest_first:
-        if secret in text:
-            text = text.replace(secret, HIDDEN)
-    return text
+def remembered_snapshot() -> SecretSet:
+    """A copy of what this process remembers, for ``forget_since`` (tests: one test's key must not be hidden in the
+    next test's text)."""
+    with _remembering:
+        return _remembered.copy()
+
+
+def forget_since(snapshot: SecretSet) -> None:
+    """Remember exactly what ``snapshot`` (``remembered_snapshot``) held."""
+    global _remembered
+    with _remembering:
+        _remembered = snapshot.copy()
+
+
+def hide_secrets(value: Any, _depth: int = 0) -> Any:
+    """``value`` (JSON-like: a transcript step, an agent's output) with every piece of every remembered secret hidden
+    in its strings and keys, and nothing else changed: what is stored keeps its URLs and fields for the engine and
+    an audit, but no secret this process holds (a model that repeats its key, a tool argument quoting a header)."""
+    if _depth > MAX_DEPTH:
+        return HIDDEN
+    if isinstance(value, str):
+        return _remembered.hide(value)
+    if isinstance(value, Mapping):
+        return {
+            (_remembered.hide(k) if isinstance(k, str) else k): hide_secrets(v, _depth + 1) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [hide_secrets(item, _depth + 1) for item in value]
+    return value
 
 
 def redact_text(text: str) -> str:
     """``text`` with the secrets this process remembers (``remember_secrets``) hidden, its URLs redacted and
     credential echoes hidden: ``Bearer ***``, ``b'***'``, ``X-Api-Key: ***``."""
-    text = _hide_remembered(text)
+    text = _remembered.hide(text)
     return _redact_text_scanned(text) if _may_hide(text) else text
 
 
@@ -364,10 +570,10 @@ def _url_parts(url: str) -> set[str]:
 
 
 def hide_values(text: str, values: set[str]) -> str:
-    """``text`` with every occurrence of each of ``values`` replaced by ``***``, longest first."""
-    for value in sorted(values, key=len, reverse=True):
-        text = text.replace(value, HIDDEN)
-    return text
+    """``text`` with every piece of each of ``values`` hidden as ``SecretSet.hide`` hides a remembered secret's."""
+    secrets = SecretSet(MIN_HIDDEN_CHARS)
+    secrets.add(*values)
+    return secrets.hide(text)
 
 
 def _escape_control(match: re.Match[str]) -> str:

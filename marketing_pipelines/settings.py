@@ -28,7 +28,7 @@ from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_va
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from marketing_pipelines.egress import parse_networks
+from marketing_pipelines.egress import api_root_problem, parse_networks
 from marketing_pipelines.redact import remember_secrets, remember_url_secrets
 from marketing_pipelines.sealing import KeySource, key_source
 
@@ -270,6 +270,14 @@ class Settings(BaseSettings):
     def _networks(cls, value: Any) -> tuple[str, ...]:
         # The egress policy's own parser, so the setting is refused here exactly as the policy would.
         return tuple(str(network) for network in parse_networks(value))
+
+    @field_validator("plausible_base_url", "github_api_url", "anthropic_base_url", "openai_base_url")
+    @classmethod
+    def _api_root(cls, value: str) -> str:
+        problem = api_root_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @field_validator("anthropic_api_key", "openai_api_key")
     @classmethod

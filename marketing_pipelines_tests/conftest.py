@@ -36,12 +36,9 @@ def _admin_url() -> str:
 def _secrets_remembered_per_test() -> Iterator[None]:
     """Each test starts with the secrets this process remembered before it (``redact.remember_secrets``):
     one test's key or site id must not be hidden in the next test's text."""
-    remembered, longest_first = set(redact._remembered), redact._remembered_longest_first
+    remembered = redact.remembered_snapshot()
     yield
-    with redact._remembering:
-        redact._remembered.clear()
-        redact._remembered.update(remembered)
-        redact._remembered_longest_first = longest_first
+    redact.forget_since(remembered)
 
 
 @pytest.fixture(scope="session")

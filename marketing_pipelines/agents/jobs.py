@@ -28,7 +28,7 @@ from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.http import RateLimited, ServiceError
 from marketing_pipelines.leasing.claims import take_over_rows
 from marketing_pipelines.leasing.lease import LeaseKeeper, finish, retry_or_fail
-from marketing_pipelines.redact import redact_text, shown_text
+from marketing_pipelines.redact import hide_secrets, redact_text, shown_text
 
 OP_NAME = "run_agent"
 POOL = "agent_runs"
@@ -125,7 +125,8 @@ class AgentAttempt:
 
     def succeeded(self, result: AgentResult) -> dg.Output[dict[str, Any]]:
         with self.engine.begin() as conn:
-            recorded = finish(conn, AGENT_RUNS, self.agent_run_id, self.owner, "SUCCEEDED", {"output": asdict(result)})
+            output = {"output": hide_secrets(asdict(result))}  # a key the model repeated is not stored
+            recorded = finish(conn, AGENT_RUNS, self.agent_run_id, self.owner, "SUCCEEDED", output)
         if not recorded:
             # The result is lost with the lease; whoever holds the row now records its outcome.
             raise dg.Failure(

@@ -17,6 +17,7 @@ from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.leasing.lease import RETRYABLE, LeaseQueue, cancel
+from marketing_pipelines.redact import hide_secrets
 from marketing_pipelines.settings import MODEL_PROVIDERS, Settings
 
 if TYPE_CHECKING:
@@ -321,8 +322,9 @@ class Transcript:
 
     def add(self, kind: str, name: str | None, content: Any) -> None:
         # Model output may hold NaN or Infinity, which is not JSON: stored as text, never refused
-        # by PostgreSQL mid-run nor written as invalid JSON by SQLite.
-        content = json_safe(content)
+        # by PostgreSQL mid-run nor written as invalid JSON by SQLite. A secret the process holds (a key the model
+        # or a tool's answer repeats, whole, cut or re-encoded) is hidden before it is stored.
+        content = hide_secrets(json_safe(content))
         self._seq += 1
         self.denials += kind == "denial"
         self.tool_calls += kind == "tool_call"

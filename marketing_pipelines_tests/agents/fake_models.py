@@ -129,7 +129,7 @@ def unconfigured_models() -> dict[str, ProviderResource]:
     return model_resources(settings_from({}), environ={})
 
 
-def anthropic_models(answer: Answer) -> dict[str, ProviderResource]:
+def anthropic_models(answer: Answer, api_key: str = "test-key") -> dict[str, ProviderResource]:
     """The provider resources, the real Anthropic provider's HTTP answered by ``answer(call number, request body)``."""
     calls = [0]
 
@@ -141,7 +141,7 @@ def anthropic_models(answer: Answer) -> dict[str, ProviderResource]:
         def _client(self) -> httpx.Client:
             return httpx.Client(base_url=self.base_url, transport=httpx.MockTransport(handle))
 
-    return {**unconfigured_models(), "anthropic_model": Mocked(api_key="test-key")}
+    return {**unconfigured_models(), "anthropic_model": Mocked(api_key=api_key)}
 
 
 # --- a provider that rejects its key, quoting it (rejecting_models) ------------------------------

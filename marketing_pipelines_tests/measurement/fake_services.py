@@ -31,7 +31,7 @@ class Api:
         return httpx.MockTransport(answer)
 
 
-def mocked_plausible(api: Api) -> PlausibleClient:
+def mocked_plausible(api: Api, **fields: Any) -> PlausibleClient:
     class MockedPlausible(PlausibleClient):
         def _client(self) -> httpx.Client:
             return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, transport=api.transport())
@@ -39,10 +39,10 @@ def mocked_plausible(api: Api) -> PlausibleClient:
         def _sleep(self, seconds: float) -> None:
             pass
 
-    return MockedPlausible(api_key="key", site_id="example.com")
+    return MockedPlausible(**{"api_key": "key", "site_id": "example.com", **fields})
 
 
-def mocked_github(api: Api) -> GitHubReleasesClient:
+def mocked_github(api: Api, **fields: Any) -> GitHubReleasesClient:
     class MockedGitHub(GitHubReleasesClient):
         def _client(self) -> httpx.Client:
             return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, transport=api.transport())
@@ -50,7 +50,7 @@ def mocked_github(api: Api) -> GitHubReleasesClient:
         def _sleep(self, seconds: float) -> None:
             pass
 
-    return MockedGitHub(token="ghp_test")
+    return MockedGitHub(**{"token": "ghp_test", **fields})
 
 
 def github_asset(asset_id: int, name: str, downloads: int) -> dict[str, Any]:

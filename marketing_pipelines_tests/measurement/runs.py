@@ -21,6 +21,8 @@ def materialize_measurement(
     db_url: str,
     days: Sequence[date],
     instance: dg.DagsterInstance | None = None,
+    *,
+    raise_on_error: bool = True,
     **clients: Any,
 ) -> dg.ExecuteInProcessResult:
     """Materialize ``selection`` for ``days``: one day as a partition run, several as one range run.
@@ -49,5 +51,6 @@ def materialize_measurement(
             ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
         },
         tags=tags,
+        raise_on_error=raise_on_error,
         **partition,
     )

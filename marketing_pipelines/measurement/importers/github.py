@@ -13,6 +13,7 @@ import dagster as dg
 import httpx
 from pydantic import Field
 
+from marketing_pipelines.egress import api_root_problem
 from marketing_pipelines.http import (
     HttpRetry,
     ServiceError,
@@ -21,6 +22,7 @@ from marketing_pipelines.http import (
     send_with_retries,
 )
 from marketing_pipelines.measurement.importers.base import response_json
+from marketing_pipelines.redact import redact_url
 from marketing_pipelines.settings import env_name, setting_field, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
@@ -123,6 +125,9 @@ class GitHubReleasesClient(dg.ConfigurableResource):
         """
         if not _REPO_PATTERN.fullmatch(repo) or repo.split("/")[1] in (".", ".."):
             raise ValueError(f"repo must look like 'owner/name', got {repo!r}")
+        problem = api_root_problem(self.base_url)
+        if problem:
+            raise ServiceError(SERVICE, f"{env_name('github_api_url')} {problem}")
         assets: list[ReleaseAssetSnapshot] = []
         first_etag: str | None = None
         moved_to: str | None = None
@@ -151,10 +156,10 @@ class GitHubReleasesClient(dg.ConfigurableResource):
                 if not _within_api(request.url, client.base_url):
                     # The next request carries the token; never send it to a host other than the configured API.
                     raise ServiceError(
-                        SERVICE, f"pagination link for {repo} points off {client.base_url.host}: {next_url}"
+                        SERVICE, f"pagination link for {repo} points off {client.base_url.host}: {redact_url(next_url)}"
                     )
                 if str(request.url) in seen_urls:
-                    raise ServiceError(SERVICE, f"pagination for {repo} loops back to {next_url}")
+                    raise ServiceError(SERVICE, f"pagination for {repo} loops back to {redact_url(next_url)}")
         # The ETag covers the first page only: an old release on a later page can gain downloads while page one
         # stays byte-identical, so a 304 for a many-page listing would hide those counts. Only a listing that fits
         # on one page is safe to revalidate.
@@ -181,8 +186,8 @@ class GitHubReleasesClient(dg.ConfigurableResource):
             if not _within_api(target, client.base_url):
                 raise ServiceError(
                     SERVICE,
-                    f"{repo} redirects (HTTP {response.status_code}) off the configured API {client.base_url}: "
-                    f"{location}; not followed",
+                    f"{repo} redirects (HTTP {response.status_code}) off the configured API "
+                    f"{redact_url(str(client.base_url))}: {redact_url(str(target))}; not followed",
                     response.status_code,
                 )
             if response.status_code in PERMANENT_REDIRECTS:
@@ -192,7 +197,8 @@ class GitHubReleasesClient(dg.ConfigurableResource):
                 )
             headers = {name: value for name, value in request.headers.items() if name.lower() != "host"}
             request = client.build_request("GET", target, headers=headers)
-        raise ServiceError(SERVICE, f"{repo}: more than {MAX_REDIRECTS} redirects; last to {request.url}")
+        last = redact_url(str(request.url))
+        raise ServiceError(SERVICE, f"{repo}: more than {MAX_REDIRECTS} redirects; last to {last}")
 
     def _client(self) -> httpx.Client:
         # trust_env=False: HTTP(S)_PROXY / ALL_PROXY in the environment must not route the token elsewhere.
@@ -300,7 +306,8 @@ def _parse_releases(repo: str, payload: Any) -> list[ReleaseAssetSnapshot]:
                     )
                 )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ServiceError(SERVICE, f"unexpected release entry in {repo}: {exc!r}") from exc
+            # from None: the parser's own error quotes the entry, and Dagster stores a failure's whole cause chain.
+            raise ServiceError(SERVICE, f"unexpected release entry in {repo}: {exc!r}") from None
     return snapshots
 
 

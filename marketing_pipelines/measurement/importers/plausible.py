@@ -11,7 +11,14 @@ import dagster as dg
 import httpx
 from pydantic import Field
 
-from marketing_pipelines.http import HttpRetry, RateLimited, ServiceError, describe_error_response, send_with_retries
+from marketing_pipelines.egress import api_root_problem
+from marketing_pipelines.http import (
+    HttpRetry,
+    RateLimited,
+    ServiceError,
+    describe_error_response,
+    send_with_retries,
+)
 from marketing_pipelines.measurement.importers.base import ImporterNotConfigured, response_json
 from marketing_pipelines.settings import env_name, setting_field, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
@@ -74,6 +81,9 @@ class PlausibleClient(dg.ConfigurableResource):
         """
         if not self.is_configured():
             raise ImporterNotConfigured(f"{SERVICE}: {self.not_configured_reason()}")
+        problem = api_root_problem(self.base_url)
+        if problem:
+            raise ServiceError(SERVICE, f"{env_name('plausible_base_url')} {problem}")
         if last < first:
             raise ValueError(f"range ends ({last}) before it starts ({first})")
         by_day: dict[dt.date, list[SiteAnalyticsRow]] = {
@@ -164,7 +174,8 @@ def _parse_row(item: Any, first: dt.date, last: dt.date) -> SiteAnalyticsRow:
             pageviews=int(pageviews),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise ServiceError(SERVICE, f"unexpected result row {item!r}: {exc}") from exc
+        # from None: the parser's own error quotes the row, and Dagster stores a failure's whole cause chain.
+        raise ServiceError(SERVICE, f"unexpected result row {item!r}: {exc}") from None
     if not first <= row.day <= last:
         # Callers replace exactly the asked days' partitions with these rows; a row from another day would land in one.
         asked = first.isoformat() if first == last else f"{first.isoformat()}..{last.isoformat()}"
