@@ -1,4 +1,4 @@
-"""The agent loop: model turn, authorised tool calls, transcript, limits.
+"""The agent loop: model turn, authorised tool calls within the agent's budget, transcript, limits.
 
 Provider-neutral and Dagster-free, so tests drive it directly; ``agents/jobs.py`` wraps it in
 the pooled op. Every model call first takes a token from the provider's database bucket.
@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema
 import sqlalchemy as sa
 
-from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, ToolCallContext
+from marketing_pipelines.agents.catalog import TOOLS, AgentDefinition, Refusal, ToolCallContext
 from marketing_pipelines.agents.providers.types import ModelProvider, ToolCall
 from marketing_pipelines.agents.queue import Transcript, json_safe
 from marketing_pipelines.agents.users import Grant, authorize
@@ -48,6 +48,17 @@ class AgentResult:
     steps: int
     tool_calls: int
     denials: int
+    # Of the denials, the calls refused for exceeding the agent's budget (AgentBudget): a model that asked
+    # for far more than its task needs, e.g. one steered by injected text.
+    over_budget: int = 0
+
+
+@dataclass
+class _Spent:
+    """What this attempt spent of the agent's budget: tool calls made, calls refused for the budget."""
+
+    calls: int = 0
+    over_budget: int = 0
 
 
 def run_agent_loop(
@@ -68,6 +79,8 @@ def run_agent_loop(
     # narrowed once by migration 0009.
     captured = frozenset(Grant.from_json(g) for g in run["permissions"])
     task = definition.task(run["campaign_id"], dict(run["input"]))
+    scope = _Scope(run, captured, own_tools, egress, definition)
+    spent = _Spent()
     messages: list[dict[str, Any]] = [{"role": "user", "content": json.dumps(task)}]
     transcript.add("task", None, task)
     for step in range(1, limits.max_steps + 1):
@@ -90,10 +103,16 @@ def run_agent_loop(
         )
         if not turn.tool_calls:
             log(f"Agent {definition.name} finished after {step} model turn(s).")
-            return AgentResult(turn.text, step, transcript.tool_calls, transcript.denials)
-        for call in turn.tool_calls:
+            if spent.over_budget:
+                log(f"Agent {definition.name}: {spent.over_budget} tool call(s) refused over its budget.")
+            return AgentResult(turn.text, step, transcript.tool_calls, transcript.denials, spent.over_budget)
+        for index, call in enumerate(turn.tool_calls):
             _check_limits(limits)
-            content, is_error = _call_tool(engine, call, run, captured, own_tools, transcript, log, egress)
+            # Counted here, outside the model: a call over the budget is answered as refused and never made.
+            over = definition.budget.over(index, spent.calls)
+            if over is None:
+                spent.calls += 1
+            content, is_error = _call_tool(engine, call, scope, transcript, log, spent, over)
             messages.append(
                 {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content, "is_error": is_error}
             )
@@ -107,23 +126,49 @@ def _check_limits(limits: RunLimits) -> None:
         raise AgentStopped("stopped at the time limit (max_run_seconds)")
 
 
+@dataclass(frozen=True)
+class _Scope:
+    """What every tool call of one run is checked against: the run, its captured grants, its agent's tools."""
+
+    run: sa.RowMapping
+    captured: frozenset[Grant]
+    own_tools: frozenset[str]
+    egress: EgressPolicy
+    definition: AgentDefinition
+
+    def context(self, campaign_id: str) -> ToolCallContext:
+        given = dict(self.run["input"])
+        return ToolCallContext(
+            self.run["id"],
+            self.run["requested_by"],
+            campaign_id,
+            self.egress,
+            proposal=given.get("propose"),
+            executions_allowed=self.definition.executions_allowed(given),
+        )
+
+
 def _call_tool(
     engine: sa.Engine,
     call: ToolCall,
-    run: sa.RowMapping,
-    captured: frozenset[Grant],
-    own_tools: frozenset[str],
+    scope: _Scope,
     transcript: Transcript,
     log: Callable[[str], None],
-    egress: EgressPolicy,
+    spent: _Spent,
+    over_budget: str | None,
 ) -> tuple[str, bool]:
     """Run one tool call as the requester. Returns (content for the model, is_error).
 
     The model's output is untrusted (a prompt-injected model asks for whatever it was told to):
-    only the agent's own tools may run, with arguments that fit the tool's JSON schema, and
-    then only what the requester may do. Every refusal is recorded and answered to the model.
+    only calls within the agent's budget and of its own tools may run, with arguments that fit the
+    tool's JSON schema, then only what the requester may do and the tool lets an agent do. Every
+    refusal is recorded and answered to the model.
     """
+    run, own_tools = scope.run, scope.own_tools
     transcript.add("tool_call", call.name, {"id": call.id, "arguments": call.arguments})
+    if over_budget is not None:
+        spent.over_budget += 1
+        return _refuse(transcript, call, f"{over_budget} ({scope.definition.name}'s budget)", log)
     if call.name not in own_tools:
         # Looked up in the agent's own list, never in the registry of every tool a user may use.
         return _refuse(
@@ -146,20 +191,21 @@ def _call_tool(
         )
     # Decide and act in one transaction, and write the transcript only after it ends: on
     # SQLite a second transaction opened inside the first would wait on its own lock.
+    ctx = scope.context(campaign_id)
+    refusal: Refusal | None = None
     try:
         with engine.begin() as conn:
-            decision = authorize(conn, run["requested_by"], captured, tool.permission, campaign_id)
-            result = (
-                tool.run(
-                    conn, dict(call.arguments), ToolCallContext(run["id"], run["requested_by"], campaign_id, egress)
-                )
-                if decision.allowed
-                else None
-            )
+            decision = authorize(conn, run["requested_by"], scope.captured, tool.permission, campaign_id)
+            if decision.allowed and tool.refusal is not None:
+                refusal = tool.refusal(conn, dict(call.arguments), ctx)
+            result = tool.run(conn, dict(call.arguments), ctx) if decision.allowed and refusal is None else None
     except (InvalidInput, ValueError) as exc:  # the tool's own validation; its writes rolled back
         return _error(transcript, call, str(exc))
     if not decision.allowed:
         return _refuse(transcript, call, f"permission {tool.permission} denied: {decision.reason}", log)
+    if refusal is not None:
+        spent.over_budget += refusal.over_budget
+        return _refuse(transcript, call, refusal.reason, log)
     content = json.dumps(result, default=str)[:MAX_TOOL_RESULT_CHARS]
     transcript.add("tool_result", call.name, {"id": call.id, "result": result})
     return content, False

@@ -3,7 +3,7 @@ in-process by httpx.MockTransport. ``Script`` answers with canned responses in o
 and slept (``scripted_anthropic``, ``scripted_openai``, with the payload builders ``anthropic_message`` and
 ``openai_completion``). ``unconfigured_models`` are the provider resources a deployment without keys has;
 ``anthropic_models`` are those with the Anthropic provider answered by a function of the call number and request
-body (``text_turn``, ``tool_turn``).
+body (``text_turn``, ``tool_turn``, and ``flood_turn``: a hostile turn asking for hundreds of calls at once).
 """
 
 from __future__ import annotations
@@ -122,6 +122,15 @@ def text_turn(text: str) -> httpx.Response:
 def tool_turn(text: str, tool: str, arguments: dict[str, Any], call_id: str = "toolu_01") -> httpx.Response:
     content = [{"type": "text", "text": text}, {"type": "tool_use", "id": call_id, "name": tool, "input": arguments}]
     return httpx.Response(200, json=anthropic_message(content, "tool_use"))
+
+
+def flood_turn(tool: str, arguments: Callable[[int], dict[str, Any]], count: int) -> httpx.Response:
+    """One model turn asking for ``count`` calls of ``tool`` at once, call ``i`` (from 1) with ``arguments(i)``:
+    what a prompt-injected model sends when told to flood the queue."""
+    calls = [
+        {"type": "tool_use", "id": f"toolu_{i:04d}", "name": tool, "input": arguments(i)} for i in range(1, count + 1)
+    ]
+    return httpx.Response(200, json=anthropic_message([{"type": "text", "text": "On it."}, *calls], "tool_use"))
 
 
 def unconfigured_models() -> dict[str, ProviderResource]:
