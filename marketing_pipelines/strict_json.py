@@ -21,6 +21,68 @@ MAX_ENVELOPE_DEPTH = 2 * MAX_JSON_DEPTH
 _STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\[\s\S]?[^"\\]*)*"?|[\[\]{}]')
 
 
+# A code point of U+D800-U+DFFF in a Python str is always alone: a pair, even escaped in JSON
+# ("\ud83d\ude00"), decodes to the one character it encodes. A lone one is no Unicode text: UTF-8
+# cannot encode it, PostgreSQL refuses it in text and in jsonb, SQLite stores what no reader can print.
+# Python reads each byte of a command line that is not UTF-8 as one of U+DC80-U+DCFF.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def holds_lone_surrogate(text: str) -> bool:
+    return _LONE_SURROGATE.search(text) is not None
+
+
+def escaped_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate written ``\\udNNN``, as JSON would escape it; other text as it is."""
+    if not holds_lone_surrogate(text):
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def lone_surrogate_text(value: Any) -> str | None:
+    """The first string of ``value`` (its keys included, at any depth) that holds a lone surrogate, else None."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if holds_lone_surrogate(item):
+                return item
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return None
+
+
+def refuse_lone_surrogates(value: Any, name: str) -> None:
+    """Raise InvalidInput naming ``name`` and showing the text (escaped, cut at 80) when ``value`` holds a lone
+    surrogate (``lone_surrogate_text``): no database stores it, so it is refused where it enters."""
+    text = lone_surrogate_text(value)
+    if text is not None:
+        # Imported here: redaction compiles its patterns on import, and this module loads with the CLI's parsing.
+        from marketing_pipelines.redact import visible_cell
+
+        shown = visible_cell(escaped_surrogates(text))
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        raise InvalidInput(f"{name} holds text that is not valid Unicode (a lone surrogate): '{shown}'")
+
+
+def without_lone_surrogates(value: Any) -> Any:
+    """``value`` (parsed JSON) with every lone surrogate of its strings, keys included, replaced by U+FFFD.
+
+    For text this process must keep rather than refuse, such as a model's reply: stored as it is, it
+    would fail the statement that writes it on PostgreSQL.
+    """
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {without_lone_surrogates(k): without_lone_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_lone_surrogates(v) for v in value]
+    return value
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
@@ -99,4 +161,5 @@ def parse_json_object(value: str | None, name: str) -> dict[str, Any]:
         raise InvalidInput(f"{name} is not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise InvalidInput(f"{name} must be a JSON object, got {type(parsed).__name__}")
+    refuse_lone_surrogates(parsed, name)
     return parsed

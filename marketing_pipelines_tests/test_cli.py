@@ -53,7 +53,7 @@ def test_schedule_and_list(ready_db: Path, cli: Cli) -> None:
         "--due", "2026-01-01T09:00:00+01:00", "--payload", '{"message": "hi"}',
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    execution_id = int(result.output.strip())
+    execution_id = int(result.stdout.strip())  # stderr notes the due time is past
     listed = json.loads(cli("executions", "list", "--json").output)
     assert [(r["id"], r["status"], r["due_at"]) for r in listed] == [
         (execution_id, "SCHEDULED", "2026-01-01 08:00:00+00:00")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import math
 import sys
@@ -17,6 +18,7 @@ from marketing_pipelines.errors import InvalidInput
 if TYPE_CHECKING:
     import sqlalchemy as sa
 
+    from marketing_pipelines.egress import EgressPolicy
     from marketing_pipelines.settings import Settings
 
 # Only click and the standard library load with this module: `--help` (cli/__init__.py) imports it, and
@@ -44,12 +46,38 @@ def known_error(exc: Exception) -> bool:
     )
 
 
+class CheckedCommand(click.Command):
+    """A command whose text arguments must be valid UTF-8 (``refuse_undecodable``); every group's default."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        refuse_undecodable(ctx)
+        return rest
+
+
 class FriendlyGroup(click.Group):
-    """Turns the project's known errors into one clear ``Error: ...`` line and exit code 1."""
+    """Turns the project's known errors into one clear ``Error: ...`` line and exit code 1, and usage errors
+    (a missing option, a bad value, an unknown command) into one line and exit code 2."""
+
+    command_class = CheckedCommand
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        refuse_undecodable(ctx)
+        return rest
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        # The root's own options are parsed here, outside any group's invoke.
+        try:
+            return super().make_context(*args, **kwargs)
+        except click.UsageError as exc:
+            raise one_line_usage(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise one_line_usage(exc) from None
         except InvalidInput as exc:
             raise click.ClickException(visible(str(exc))) from None
         except Exception as exc:
@@ -57,14 +85,70 @@ class FriendlyGroup(click.Group):
                 raise click.ClickException(visible(str(exc))) from None
             if (refused := permission_refused(exc)) is not None:
                 raise click.ClickException(visible(refused)) from None
+            if (failed := database_failed(exc)) is not None:
+                raise click.ClickException(visible(failed)) from None
             raise
+
+
+def one_line_usage(exc: click.UsageError) -> click.UsageError:
+    """``exc`` as one line naming the command's help; Click shows its usage, a hint and the error on four.
+
+    Without a context Click prints ``Error: <message>`` alone, with the usual exit code 2. A command
+    group called without a command (``NoArgsIsHelpError``) still shows its help, and an error already
+    made one line stays as it is.
+    """
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError) or exc.ctx is None:
+        return exc
+    message = exc.format_message().strip().rstrip(".")
+    return click.UsageError(f"{shown_value(message)}; see '{exc.ctx.command_path} --help'")
+
+
+def refuse_undecodable(ctx: click.Context) -> None:
+    """Refuse, naming the option, a text argument that is not valid UTF-8.
+
+    Python reads such bytes of the command line as lone surrogates (U+DC80-U+DCFF), which no database
+    stores and no UTF-8 terminal prints: refused here, before anything is looked up or written.
+    """
+    from marketing_pipelines.strict_json import holds_lone_surrogate
+
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        for text in value if isinstance(value, tuple | list) else (value,):
+            if isinstance(text, str) and holds_lone_surrogate(text):
+                raise click.BadParameter(f"'{shown_value(text)}' is not valid UTF-8 text", ctx=ctx, param=param)
+
+
+def shown_value(text: str) -> str:
+    """``text`` on one line as a terminal may show it (``redact.visible_cell``), each byte of the command line
+    that was not UTF-8 written ``\\xNN`` (Python reads it as a lone surrogate, which no terminal prints)."""
+    from marketing_pipelines.redact import visible_cell
+    from marketing_pipelines.strict_json import escaped_surrogates, holds_lone_surrogate
+
+    if holds_lone_surrogate(text):
+        try:
+            text = text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # a surrogate that stands for no byte (not from a command line)
+            text = escaped_surrogates(text)
+    return visible_cell(text)
 
 
 def visible(text: str) -> str:
     """``redact.visible_controls``: imported when text is shown (redaction compiles its patterns on import)."""
     from marketing_pipelines.redact import visible_controls
+    from marketing_pipelines.strict_json import escaped_surrogates
 
-    return visible_controls(text)
+    return visible_controls(escaped_surrogates(text))
+
+
+def escape_unencodable_output() -> None:
+    """Let stdout write what it cannot encode as ``\\udNNN`` instead of raising, as stderr already does.
+
+    Text a database held before it was refused at the edge (a lone surrogate stored by SQLite) must
+    not stop a command that only shows it.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
 
 
 class LazyGroup(FriendlyGroup):
@@ -82,6 +166,10 @@ class LazyGroup(FriendlyGroup):
         super().__init__(*args, **kwargs)
         self.lazy_commands = dict(lazy_commands)
         self.summaries = dict(summaries)
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        escape_unencodable_output()
+        return super().main(*args, **kwargs)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy_commands})
@@ -125,6 +213,25 @@ def permission_refused(exc: Exception) -> str | None:
     )
 
 
+def database_failed(exc: Exception) -> str | None:
+    """One line for a statement that failed in the database or its connection mid-command, else None.
+
+    A PostgreSQL restart or a dropped connection during a command ends its transaction, which the
+    server rolls back: nothing of it was written. The driver's first line names what happened (its
+    other lines, and SQLAlchemy's, repeat the statement and its parameters).
+    """
+    sa_exc = sys.modules.get("sqlalchemy.exc")  # not loaded: no statement ran
+    if sa_exc is None or not isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
+        return None
+    from marketing_pipelines.redact import redact_text
+
+    first = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0]
+    return (
+        f"the database failed during this command: {redact_text(first)}. What it had not committed was rolled "
+        "back; run it again once the database answers (MARKETING_DATABASE_URL)."
+    )
+
+
 def settings() -> Settings:
     """The settings, read once per command (it asks several times; each read walks every variable).
 
@@ -139,6 +246,23 @@ def settings() -> Settings:
     if "marketing_pipelines.settings" not in ctx.meta:
         ctx.meta["marketing_pipelines.settings"] = load_settings()
     return ctx.meta["marketing_pipelines.settings"]
+
+
+def cli_webhook_policy() -> EgressPolicy:
+    """Where a webhook scheduled (or registered) here may go: what the runs that will send it allow.
+
+    That is MARKETING_WEBHOOK_ALLOW_NETWORKS; unset, on the embedded database (MARKETING_DATABASE_URL
+    unset too) it is the local instance's: ``marketing-pipelines ui`` and the demo let their webhooks
+    reach the demo's receiver (127.0.0.2/32, ``local_dagster.local_environment``), so an execution for
+    it is accepted here too, and nothing more.
+    """
+    from marketing_pipelines.egress import EgressPolicy, parse_networks
+    from marketing_pipelines.local_dagster import DEMO_RECEIVER_ADDRESS
+
+    current = settings()
+    if current.webhook_allow_networks or current.database_url is not None:
+        return EgressPolicy(parse_networks(current.webhook_allow_networks))
+    return EgressPolicy(parse_networks([f"{DEMO_RECEIVER_ADDRESS}/32"]))
 
 
 def engine() -> sa.Engine:

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any, BinaryIO
 
 import click
@@ -11,6 +17,7 @@ from marketing_pipelines.cli.common import (
     ROW_ID,
     FriendlyGroup,
     cell_text,
+    cli_webhook_policy,
     emit_rows,
     json_option,
     ready_conn,
@@ -46,7 +53,7 @@ def executions() -> None:
 @click.option(
     "--file",
     "rows_file",
-    type=click.File("rb"),
+    type=click.Path(dir_okay=False, allow_dash=True),
     default=None,
     help="JSON Lines ('-': stdin), one execution per line with the keys campaign, stage, action, due, payload, "
     "max_attempts, dedupe_key. Not with the options above.",
@@ -59,7 +66,7 @@ def executions_schedule(
     payload: str | None,
     max_attempts: int | None,
     dedupe_key: str | None,
-    rows_file: BinaryIO | None,
+    rows_file: str | None,
 ) -> None:
     """Schedule an execution and print its id, or schedule every line of a JSON Lines file.
 
@@ -67,15 +74,17 @@ def executions_schedule(
     are scheduled (once: a line whose dedupe_key was scheduled before adds nothing), then a summary
     is printed. The exit code is 1 if any line was bad.
 
+    A due time in the past is accepted (the execution is due now) with a note saying so.
+
     \b
     Example:
       marketing-pipelines executions schedule --campaign spring-launch --stage launch \\
-        --action webhook --due 2026-12-01T09:00:00+00:00 \\
+        --action webhook --due 2030-12-01T09:00:00+00:00 \\
         --payload '{"url": "https://hooks.example.com/launch", "body": {"text": "We launched"}}'
+      echo '{"campaign": "spring-launch", "stage": "launch", "action": "log", "due": "now"}' > launch.jsonl
       marketing-pipelines executions schedule --file launch.jsonl
     """
-    from marketing_pipelines.executions.actions import webhook_policy
-    from marketing_pipelines.executions.queue import parse_due, schedule_execution
+    from marketing_pipelines.executions.queue import parse_due, refuse_webhook_user_info, schedule_execution
     from marketing_pipelines.strict_json import parse_json_object
 
     required = {"--campaign": campaign_id, "--stage": stage, "--action": action, "--due": due}
@@ -84,12 +93,14 @@ def executions_schedule(
         given = [flag for flag, value in options.items() if value is not None]
         if given:
             raise click.UsageError(f"--file cannot be combined with {', '.join(given)}")
-        schedule_file(rows_file)
+        with open_rows_file(rows_file) as stream:
+            schedule_file(stream)
         return
     if campaign_id is None or stage is None or action is None or due is None:
         missing = [flag for flag, value in required.items() if value is None]
         raise click.UsageError(f"Missing option {', '.join(missing)} (or give --file)")
     due_at, parsed_payload = parse_due(due), parse_json_object(payload, "payload")
+    refuse_webhook_user_info(action, parsed_payload)
     with ready_conn() as conn:
         execution_id = schedule_execution(
             conn,
@@ -100,20 +111,61 @@ def executions_schedule(
             payload=parsed_payload,
             max_attempts=max_attempts or settings().execution_max_attempts,
             dedupe_key=dedupe_key,
-            egress=webhook_policy(settings()),
+            egress=cli_webhook_policy(),
         )
     click.echo(execution_id)
+    if due.strip().lower() != "now" and (late := due_in_past(due_at)):
+        click.echo(f"note: --due {shown_cell(due.strip())} is {late} in the past: the execution is due now", err=True)
+
+
+def due_in_past(due_at: datetime) -> str | None:
+    """How long ago ``due_at`` was ("3 days", "2 minutes"), if over a minute ago: a typo or a stale example
+    (a date copied from a doc that has since passed) runs at once, which its scheduler should hear of."""
+    late = datetime.now(UTC) - due_at
+    if late < timedelta(minutes=1):
+        return None
+    for unit, seconds in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
+        if (count := int(late.total_seconds() // seconds)) >= 1:
+            return f"{count} {unit}{'' if count == 1 else 's'}"
+    return None
+
+
+@contextmanager
+def open_rows_file(path: str) -> Iterator[BinaryIO]:
+    """``--file`` opened for reading: a regular file, or stdin for ``-``.
+
+    A named pipe (or a device) would block the command until a writer came, or never end: refused at
+    once, before it blocks (opened non-blocking, then checked), with stdin named as the way to pipe rows in.
+    """
+    if path == "-":
+        yield sys.stdin.buffer
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise click.BadParameter(
+            f"'{shown_cell(path)}' cannot be read: {exc.strerror}", param_hint="'--file'"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise click.BadParameter(
+            f"'{shown_cell(path)}' is not a regular file (a named pipe or a device); give a file, or pipe the rows "
+            "to --file -",
+            param_hint="'--file'",
+        )
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as stream:
+        yield stream
 
 
 def schedule_file(rows_file: BinaryIO) -> None:
     """``schedule --file``: every good line scheduled, every bad one named on stderr, then a summary."""
-    from marketing_pipelines.executions.actions import webhook_policy
     from marketing_pipelines.executions.queue import read_schedule_file, schedule_lines
 
     lines = read_schedule_file(rows_file)
     with ready_conn() as conn:
         outcome = schedule_lines(
-            conn, lines, default_max_attempts=settings().execution_max_attempts, egress=webhook_policy(settings())
+            conn, lines, default_max_attempts=settings().execution_max_attempts, egress=cli_webhook_policy()
         )
     for error in outcome.errors:
         click.echo(f"line {error.number}: {shown_text(error.reason)}", err=True)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
-from marketing_pipelines.cli.common import settings
+from marketing_pipelines.cli.common import CheckedCommand, settings
 
 
-@click.command("ui")
+@click.command("ui", cls=CheckedCommand)
 @click.option("--port", type=click.IntRange(1, 65535), default=3000, show_default=True, help="Port of the UI.")
 def ui_command(port: int) -> None:
     """Open the Dagster UI (dagster dev) on the demo's instance and database.
@@ -57,7 +57,7 @@ def ui_command(port: int) -> None:
     os.execve(sys.executable, argv, env)  # dagster dev owns the terminal and its signals from here
 
 
-@click.command("demo")
+@click.command("demo", cls=CheckedCommand)
 @click.option("--days", type=click.IntRange(1, 60), default=7, show_default=True, help="Days of history to seed.")
 def demo_command(days: int) -> None:
     """Seed the embedded database and drive the whole path on a real Dagster instance.

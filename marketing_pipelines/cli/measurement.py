@@ -8,7 +8,15 @@ from pathlib import Path
 
 import click
 
-from marketing_pipelines.cli.common import FriendlyGroup, emit_rows, engine, json_option, ready_conn, settings
+from marketing_pipelines.cli.common import (
+    CheckedCommand,
+    FriendlyGroup,
+    emit_rows,
+    engine,
+    json_option,
+    ready_conn,
+    settings,
+)
 from marketing_pipelines.db.schema_version import ensure_schema_current
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.redact import visible_controls
@@ -31,7 +39,11 @@ def events_load(file: str, source: str) -> None:
 
     \b
     Example:
+      printf '%s%s\\n' '{"event_id": "e-1", "campaign_id": "spring-launch", "stage": "awareness", ' \\
+        '"event_type": "page_view", "occurred_at": "2026-11-02T10:00:00+00:00"}' > events-2026-11.jsonl
       marketing-pipelines events load events-2026-11.jsonl
+      printf 'event_id,campaign_id,stage,event_type,occurred_at\\n%s\\n' \\
+        'c-1,spring-launch,awareness,page_view,2026-11-03T10:00:00+00:00' > export.csv
       marketing-pipelines events load export.csv --source crm
     """
     from tqdm import tqdm
@@ -106,7 +118,7 @@ def parse_day(value: str, option: str) -> date:
         raise InvalidInput(f"{option} {value!r} is not a day like 2026-11-26") from None
 
 
-@click.command("report")
+@click.command("report", cls=CheckedCommand)
 @click.option("--campaign", "campaign_id", required=True, help="Campaign id.")
 @click.option("--from", "start", default=None, help="First UTC day (YYYY-MM-DD); default: first rolled-up day.")
 @click.option("--to", "end", default=None, help="Last UTC day, inclusive; default: last rolled-up day.")

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from marketing_pipelines.cli.common import emit_rows, json_option, ready_conn, settings
+from marketing_pipelines.cli.common import CheckedCommand, emit_rows, json_option, ready_conn, settings
 from marketing_pipelines.measurement.sources import SOURCES, missing_variables
 from marketing_pipelines.monitoring.health import QueueHealth, queue_health
 
@@ -50,7 +50,7 @@ def table_rows(health: QueueHealth) -> list[dict[str, object]]:
     ]
 
 
-@click.command("status")
+@click.command("status", cls=CheckedCommand)
 @json_option
 def status_command(as_json: bool) -> None:
     """How many executions are due and agent runs queued, how long the oldest waits, what runs and what failed.

@@ -56,10 +56,21 @@ class KeyRange:
     weeks: dict[date, WeekSums] = field(default_factory=dict)  # by Monday, whole weeks only
 
 
+# The span of no whole week: every day is before its first Monday or after its last Sunday.
+NO_WHOLE_WEEK = (date.max, date.min)
+
+
 def whole_week_span(start: date | None, end: date | None) -> tuple[date | None, date | None]:
-    """The first Monday and last Sunday of the whole ISO weeks in [start, end] (None: unbounded)."""
-    first = start + timedelta(days=(7 - start.weekday()) % 7) if start else None
-    last = end - timedelta(days=(end.weekday() + 1) % 7) if end else None
+    """The first Monday and last Sunday of the whole ISO weeks in [start, end] (None: unbounded).
+
+    A range whose first Monday would fall after 9999-12-31, or whose last Sunday before 0001-01-01, holds
+    no whole week (``NO_WHOLE_WEEK``): ``date`` cannot hold that day, and no rollup row is in such a week.
+    """
+    try:
+        first = start + timedelta(days=(7 - start.weekday()) % 7) if start else None
+        last = end - timedelta(days=(end.weekday() + 1) % 7) if end else None
+    except OverflowError:
+        return NO_WHOLE_WEEK
     return first, last
 
 
@@ -192,6 +203,8 @@ def fresh_weekly_sketches(
     if start:
         query = query.where(w.c.week_start >= start)
     if end:
+        if end < date.min + timedelta(days=6):
+            return {}  # no week ends by then
         query = query.where(w.c.week_start <= end - timedelta(days=6))
     fresh: dict[tuple[date, Key], Blob | None] = {}
     for monday, source, stage, event_type, days, raw_count, rolled_up_at, actors_hll in fetch_tuples(conn, query):
