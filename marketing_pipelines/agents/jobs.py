@@ -1,9 +1,15 @@
 """``agent_run_job``: performs one claimed agent run in the ``agent_runs`` concurrency pool and shows its
-output and transcript in the run's metadata; an agent run that ends FAILED fails its Dagster run."""
+output and transcript in the run's metadata; an agent run that ends FAILED fails its Dagster run.
+
+Every wait of the run (a model-call token, a provider's ``Retry-After``, a step retried later) ends before
+the run's deadline, and a worker whose Dagster run is no longer STARTED (run monitoring failed it at
+``dagster/max_runtime``, or an operator terminated it) stops instead of waiting on (``RunClock``).
+"""
 
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import dagster as dg
@@ -15,6 +21,7 @@ from marketing_pipelines.agents.catalog import get_agent
 from marketing_pipelines.agents.display import output_markdown, transcript_markdown
 from marketing_pipelines.agents.models import pick_provider
 from marketing_pipelines.agents.providers.anthropic import AnthropicModel
+from marketing_pipelines.agents.providers.base import HTTPModel
 from marketing_pipelines.agents.providers.offline import OfflineModel
 from marketing_pipelines.agents.providers.openai import OpenAIModel
 from marketing_pipelines.agents.providers.registry import ProviderResource
@@ -36,6 +43,72 @@ MAX_STEPS = 8
 # How long one model call may wait for a token before the step is retried later instead.
 TOKEN_WAIT_S = 20.0
 RATE_LIMIT_RETRIES = 20
+# How long a waiting worker goes at most without asking the instance whether its run is still STARTED.
+STATUS_CHECK_S = 5.0
+
+
+class RunEnded(RuntimeError):
+    """The Dagster run is no longer STARTED: run monitoring failed it, or it was terminated. Its worker stops."""
+
+
+class OutOfTime(RuntimeError):
+    """A wait would end past the run's deadline."""
+
+
+@dataclass
+class RunClock:
+    """The run's deadline, and the waits that must end before it (``providers.base.WaitLimit``).
+
+    The deadline is the Dagster run's start plus the agent run's ``max_run_seconds``: a step retried within the
+    run (``RetryRequested``) keeps it, as run monitoring keeps ``dagster/max_runtime`` (that plus the grace)
+    from the same start. A wait is made in slices of at most ``STATUS_CHECK_S``, the run's status read before
+    and after each: a worker sleeping past a run that monitoring already failed held its memory for nothing.
+    """
+
+    instance: dg.DagsterInstance
+    run_id: str
+    deadline: float  # time.monotonic() value
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = field(default=time.monotonic)
+
+    @classmethod
+    def of_run(cls, context: dg.OpExecutionContext, max_run_seconds: float) -> "RunClock":
+        record = context.instance.get_run_record_by_id(context.run_id)
+        started = record.start_time if record is not None and record.start_time is not None else time.time()
+        deadline = time.monotonic() + (started + max_run_seconds - time.time())
+        return cls(context.instance, context.run_id, deadline)
+
+    def seconds_left(self) -> float:
+        return self.deadline - self.clock()
+
+    def check(self) -> None:
+        run = self.instance.get_run_by_id(self.run_id)
+        status = run.status if run is not None else None
+        if status != dg.DagsterRunStatus.STARTED:
+            raise RunEnded(f"the Dagster run is {status.value if status else 'gone'}, no longer STARTED")
+
+    def wait(self, seconds: float, sleep: Callable[[float], None] | None = None) -> None:
+        left = self.seconds_left()
+        if seconds > left:
+            raise OutOfTime(f"a wait of {seconds:.1f}s would end past the run's deadline ({max(left, 0):.1f}s left)")
+        self.check()
+        while seconds > 0:
+            step = min(seconds, STATUS_CHECK_S)
+            (sleep or self.sleep)(step)
+            seconds -= step
+            self.check()
+
+    def fits(self, seconds: float) -> bool:
+        """Whether a step retried after ``seconds`` still has time to work: at least ``TOKEN_WAIT_S`` (the
+        longest it may wait for its next token) before the deadline. Else the wait is not worth this run."""
+        return seconds + TOKEN_WAIT_S < self.seconds_left()
+
+
+@contextmanager
+def waits_bounded(provider: ModelProvider, clock: RunClock) -> Iterator[None]:
+    """Within the block, the provider's waits between tries are the run's (the offline provider makes none)."""
+    with provider.waits_bounded_by(clock) if isinstance(provider, HTTPModel) else nullcontext():
+        yield
 
 
 class AgentRunConfig(dg.Config):
@@ -88,12 +161,20 @@ class AgentAttempt:
                 f"After the fix: marketing-pipelines agents retry {self.agent_run_id}"
             ) from None
 
-    def token_acquirer(self, provider_name: str, settings: AgentSettings) -> Callable[[], None]:
-        """Takes one model-call token of the provider's bucket before each call, logging a long wait."""
+    def token_acquirer(self, provider_name: str, settings: AgentSettings, clock: RunClock) -> Callable[[], None]:
+        """Takes one model-call token of the provider's bucket before each call, logging a long wait.
+
+        The wait ends before the run's deadline, and stops when the run is no longer STARTED."""
 
         def acquire() -> None:
             per_minute = settings.max_model_calls_per_minute
-            waited = token_bucket.acquire(self.engine, provider_name, per_minute, max_wait_s=TOKEN_WAIT_S)
+            waited = token_bucket.acquire(
+                self.engine,
+                provider_name,
+                per_minute,
+                max_wait_s=max(0.0, min(TOKEN_WAIT_S, clock.seconds_left())),
+                sleep=clock.wait,
+            )
             if waited > 0.5:
                 self.context.log.info(f"Waited {waited:.1f}s for a {provider_name} model-call token.")
 
@@ -138,6 +219,24 @@ class AgentAttempt:
             f"{result.denials} refused."
         )
         return dg.Output({"agent_run_id": self.agent_run_id, "outcome": "SUCCEEDED"}, metadata=self.metadata(result))
+
+    def handed_back(self, exc: RateLimited | token_bucket.ModelRateLimited, left: float) -> dg.Output[dict[str, Any]]:
+        """A rate limit longer than the run has left: back in the queue, the attempt not spent; the run stays green.
+
+        Nothing failed: a throttle made the run wait. The attempt counts as lost (``retry_or_fail(lost=True)``),
+        so a provider that throttles every attempt ends the agent run FAILED after ``MAX_LOST_ATTEMPTS``.
+        """
+        why = f"{exc}; the wait is past this run's deadline ({max(left, 0):.0f}s left): handed back, attempt not spent"
+        with self.engine.begin() as conn:
+            status = retry_or_fail(conn, AGENT_RUNS, self.agent_run_id, self.owner, redact_text(why), 0, lost=True)
+        message = shown_text(f"Agent run {self.agent_run_id}: {why}; now {status or 'not recorded: lease lost'}.")
+        if status == "FAILED":
+            raise dg.Failure(description=message, metadata=self.metadata())
+        self.context.log.warning(message)
+        return dg.Output(
+            {"agent_run_id": self.agent_run_id, "outcome": "handed back"},
+            metadata={"outcome": "handed back", "status": str(status), **self.metadata()},
+        )
 
     def lease_lost(self, why: str) -> dg.Output[dict[str, Any]]:
         """The loop stopped because the row is no longer this run's: fail the run if the agent run ended FAILED.
@@ -217,27 +316,38 @@ def run_agent(
     )
 
     steps = Transcript(engine, agent_run_id, attempt.attempt)
+    clock = RunClock.of_run(context, row["max_run_seconds"])
     with LeaseKeeper(engine, AGENT_RUNS, agent_run_id, taken.owner, lease_s, on_lost=context.log.warning) as keeper:
-        limits = RunLimits(MAX_STEPS, time.monotonic() + row["max_run_seconds"], is_cancelled=keeper.lost.is_set)
+        limits = RunLimits(MAX_STEPS, clock.deadline, is_cancelled=keeper.lost.is_set)
         try:
-            result = run_agent_loop(
-                engine=engine,
-                definition=get_agent(row["agent"]),
-                run=row,
-                provider=provider,
-                transcript=steps,
-                limits=limits,
-                acquire_model_token=attempt.token_acquirer(row["model_provider"], agent_settings),
-                egress=webhook.policy(),
-                # What the loop logs quotes the model's tool calls and refusals, which may hold secrets.
-                log=lambda message: context.log.info(shown_text(message)),
-            )
+            clock.check()  # a step retried after a wait: the run may have been failed meanwhile
+            with waits_bounded(provider, clock):
+                result = run_agent_loop(
+                    engine=engine,
+                    definition=get_agent(row["agent"]),
+                    run=row,
+                    provider=provider,
+                    transcript=steps,
+                    limits=limits,
+                    acquire_model_token=attempt.token_acquirer(row["model_provider"], agent_settings, clock),
+                    egress=webhook.policy(),
+                    # What the loop logs quotes the model's tool calls and refusals, which may hold secrets.
+                    log=lambda message: context.log.info(shown_text(message)),
+                )
+        except RunEnded as exc:
+            # Whoever ended the run (monitoring, an operator) hands its agent run back (the run-failure and
+            # run-canceled sensors); this worker only stops, without writing.
+            raise dg.Failure(description=f"Agent run {agent_run_id}: {exc}; this worker stops.") from None
+        except OutOfTime as exc:
+            raise attempt.fail(f"stopped at the time limit (max_run_seconds): {exc}") from None
         except LeaseLost as exc:
             return attempt.lease_lost(str(exc))
         except AgentStopped as exc:
             raise attempt.fail(str(exc)) from None
         except (token_bucket.ModelRateLimited, RateLimited) as exc:
             wait = exc.retry_after_s
+            if not clock.fits(wait):
+                return attempt.handed_back(exc, clock.seconds_left())
             context.log.info(shown_text(f"Agent run {agent_run_id}: {exc}; retrying this step in {wait:.0f}s."))
             # The row stays RUNNING under this run for the wait and its usual lease after it, so the
             # retried step takes it over again instead of finding it requeued (and the claiming sensor

@@ -7,7 +7,7 @@ lists it again. URLs show as scheme and host only: their paths are often tokens.
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import click
 
@@ -16,6 +16,7 @@ from marketing_pipelines.executions.actions import webhook_policy
 from marketing_pipelines.executions.endpoints import (
     add_endpoint,
     list_endpoints,
+    previous_signs_until,
     remove_endpoint,
     reseal_endpoints,
     rotate_endpoint,
@@ -90,21 +91,39 @@ def webhooks_list(as_json: bool) -> None:
 
 @webhooks.command("rotate")
 @click.argument("name")
+@click.option(
+    "--void-previous",
+    is_flag=True,
+    help="Rotate again within the overlap: the secret before the last rotation stops signing now.",
+)
 @json_option
-def webhooks_rotate(name: str, as_json: bool) -> None:
+def webhooks_rotate(name: str, void_previous: bool, as_json: bool) -> None:
     """Give an endpoint a new signing secret, printed once.
 
     The previous secret keeps signing alongside the new one (two signatures per delivery) for
-    MARKETING_WEBHOOK_ROTATION_HOURS (default 24), so receivers can switch without a gap.
+    MARKETING_WEBHOOK_ROTATION_HOURS (default 24), so receivers can switch without a gap. A second
+    rotation within that overlap is refused: it would stop the secret before the first one while
+    receivers may still check it. --void-previous does it anyway, and says so.
 
     \b
     Example:
       marketing-pipelines webhooks rotate crm
     """
     box, current = _box(), settings()
+    now = datetime.now(UTC)
     with ready_conn() as conn:
-        secret = rotate_endpoint(conn, box, name, timedelta(hours=current.webhook_rotation_hours))
+        before = {e.name: e for e in list_endpoints(conn)}.get(name)
+        secret = rotate_endpoint(
+            conn, box, name, timedelta(hours=current.webhook_rotation_hours), now, void_previous=void_previous
+        )
         origin = next(e.origin for e in list_endpoints(conn) if e.name == name)
+    voided = previous_signs_until(before.previous_secret_until, now) if before is not None else None
+    if voided is not None:
+        click.echo(
+            f"endpoint {name}: the secret before its last rotation no longer signs "
+            f"(it was to sign until {voided:%Y-%m-%d %H:%M} UTC)",
+            err=True,
+        )
     _echo_secret(name, origin, secret, as_json)
 
 

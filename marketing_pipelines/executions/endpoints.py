@@ -98,30 +98,58 @@ def list_endpoints(conn: sa.Connection) -> list[EndpointInfo]:
 
 
 def rotate_endpoint(
-    conn: sa.Connection, box: SecretBox, name: str, overlap: timedelta, now: datetime | None = None
+    conn: sa.Connection,
+    box: SecretBox,
+    name: str,
+    overlap: timedelta,
+    now: datetime | None = None,
+    *,
+    void_previous: bool = False,
 ) -> str:
-    """A new secret for ``name``; the current one keeps signing alongside it for ``overlap``. Returns it."""
+    """A new secret for ``name``; the current one keeps signing alongside it for ``overlap``. Returns it.
+
+    An endpoint holds two secrets at most. Rotating again while the previous secret still signs would drop
+    that one before its overlap ends, and receivers still checking it would refuse every delivery: that is
+    refused unless ``void_previous`` says the caller means it. ``overlap`` 0 means "only the new secret from
+    now", which drops both old ones by definition.
+    """
     t = webhook_endpoint
     now = now or datetime.now(UTC)
-    row = conn.execute(sa.select(t.c.secret_sealed).where(t.c.name == _checked_name(name)).with_for_update()).first()
+    row = conn.execute(
+        sa.select(t.c.secret_sealed, t.c.previous_secret_until).where(t.c.name == _checked_name(name)).with_for_update()
+    ).first()
     if row is None:
         raise InvalidInput(f"no webhook endpoint named {name!r}")
+    if overlap > timedelta(0) and not void_previous and (until := previous_signs_until(row.previous_secret_until, now)):
+        raise InvalidInput(
+            f"webhook endpoint {name!r}: the secret before its last rotation still signs until {until:%Y-%m-%d %H:%M} "
+            "UTC, and rotating again would stop it now, before receivers still checking it switch; rotate after "
+            "then, or pass --void-previous to stop it now; nothing was changed"
+        )
     try:
         box.open(row.secret_sealed)  # refuse before writing when the key cannot open what is stored
     except SealingError as exc:
         raise SealingError(f"webhook endpoint {name!r}: {exc}; nothing was changed") from None
     secret = new_signing_secret()
-    conn.execute(
+    rotated = conn.execute(
         sa.update(t)
-        .where(t.c.name == name)
+        # The secret read above: a rotation that committed since (SQLite takes no row lock) is not overwritten.
+        .where(t.c.name == name, t.c.secret_sealed == row.secret_sealed)
         .values(
             secret_sealed=box.seal(secret),
             previous_secret_sealed=row.secret_sealed if overlap > timedelta(0) else None,
             previous_secret_until=now + overlap if overlap > timedelta(0) else None,
             rotated_at=now,
         )
-    )
+    ).rowcount
+    if rotated != 1:
+        raise InvalidInput(f"webhook endpoint {name!r} was rotated or removed meanwhile; nothing was changed")
     return secret
+
+
+def previous_signs_until(until: datetime | None, now: datetime) -> datetime | None:
+    """``until`` when a previous secret still signs at ``now`` (its overlap not over), else None."""
+    return until if until is not None and until > now else None
 
 
 def remove_endpoint(conn: sa.Connection, name: str) -> bool:

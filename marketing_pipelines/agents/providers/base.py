@@ -1,24 +1,91 @@
 """A provider's registry record (``ProviderSpec``) and the HTTP plumbing two providers share.
 
 Each provider translates the neutral records of ``types`` to and from one wire format. Retries
-(429/5xx, ``Retry-After``) live in ``marketing_pipelines.http``; rate limiting is the caller's job.
+(429/5xx, ``Retry-After``) live in ``marketing_pipelines.http``; rate limiting is the caller's job. Inside
+a run, the run's ``WaitLimit`` bounds every wait between tries (``HTTPModel.waits_bounded_by``), and every
+answer is read up to ``MAX_ANSWER_BYTES`` at most.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import dagster as dg
 import httpx
 from pydantic import ConfigDict, PrivateAttr, field_validator
 
-from marketing_pipelines.http import ServiceError, describe_error_response, send_with_retries
+from marketing_pipelines.http import HttpRetry, ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.redact import redact_text
 from marketing_pipelines.settings import Settings, api_key_problem, env_name, settings_of, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
+
+# The most of one answer read, error answers included. An answer of max_tokens (1024 by default; 128k is the
+# largest any model offers) is a few hundred kB of JSON even with every character escaped; a 40 MB answer read
+# whole held 264 MB at its peak in a run worker. Larger answers are refused unread, as webhook answers are cut
+# at MAX_RESPONSE_BYTES (executions/webhook.py).
+MAX_ANSWER_BYTES = 4 * 1024 * 1024
+
+
+class WaitLimit(Protocol):
+    """What bounds a provider's waits between tries inside a run (agents/jobs.py's ``RunClock``)."""
+
+    def seconds_left(self) -> float:
+        """Seconds until the run's deadline."""
+        ...
+
+    def wait(self, seconds: float, sleep: Callable[[float], None]) -> None:
+        """Wait ``seconds`` with ``sleep``, or raise: when the wait would outlive the deadline, or the run ended."""
+        ...
+
+
+class AnswerRefused(ServiceError):
+    """The provider's answer is longer than ``MAX_ANSWER_BYTES``, or compressed; what was read of it is dropped."""
+
+
+def _identity_encoding(request: httpx.Request) -> None:
+    # A compressed answer bounded in bytes received is not bounded in bytes decoded (a gzip bomb).
+    request.headers["accept-encoding"] = "identity"
+
+
+def _bounded_answer(service: str) -> Callable[[httpx.Response], None]:
+    """A response hook (run before httpx reads the body) that caps what reading the body may take."""
+
+    def bound(response: httpx.Response) -> None:
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise AnswerRefused(service, f"answered with Content-Encoding {encoding[:40]!r}, asked for identity")
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_ANSWER_BYTES:
+            raise AnswerRefused(
+                service, f"answer of {int(length):,} bytes refused unread (at most {MAX_ANSWER_BYTES:,})"
+            )
+        if isinstance(response.stream, httpx.SyncByteStream):
+            response.stream = _BoundedStream(response.stream, service)
+
+    return bound
+
+
+class _BoundedStream(httpx.SyncByteStream):
+    """The body's bytes as they arrive, up to ``MAX_ANSWER_BYTES``: past that, the rest is never read."""
+
+    def __init__(self, stream: httpx.SyncByteStream, service: str) -> None:
+        self._stream, self._service = stream, service
+
+    def __iter__(self) -> Iterator[bytes]:
+        received = 0
+        for chunk in self._stream:
+            received += len(chunk)
+            if received > MAX_ANSWER_BYTES:
+                raise AnswerRefused(self._service, f"answer longer than {MAX_ANSWER_BYTES:,} bytes; the rest unread")
+            yield chunk
+
+    def close(self) -> None:
+        self._stream.close()
 
 
 @dataclass(frozen=True)
@@ -71,6 +138,7 @@ class HTTPModel(dg.ConfigurableResource):
     max_tokens: int = 1024
 
     _http_client: httpx.Client | None = PrivateAttr(default=None)
+    _wait_limit: WaitLimit | None = PrivateAttr(default=None)
 
     @field_validator("api_key")
     @classmethod
@@ -88,10 +156,30 @@ class HTTPModel(dg.ConfigurableResource):
         return bool(self.api_key)
 
     def http_client(self) -> httpx.Client:
-        """This instance's client, built on first use (again after ``close()``)."""
+        """This instance's client, built on first use (again after ``close()``), its answers bounded in size."""
         if self._http_client is None or self._http_client.is_closed:
-            self._http_client = self._client()
+            client = self._client()
+            hooks = client.event_hooks
+            client.event_hooks = {
+                "request": [*hooks["request"], _identity_encoding],
+                "response": [*hooks["response"], _bounded_answer(self.name)],
+            }
+            self._http_client = client
         return self._http_client
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    @contextmanager
+    def waits_bounded_by(self, limit: WaitLimit) -> Iterator[None]:
+        """Within the block, every wait between tries is ``limit``'s: a server's hint longer than the time left
+        raises ``RateLimited`` at once instead of being slept, and each sleep goes through ``limit.wait``."""
+        self._wait_limit = limit
+        try:
+            yield
+        finally:
+            self._wait_limit = None
 
     def close(self) -> None:
         if self._http_client is not None:
@@ -113,8 +201,22 @@ class HTTPModel(dg.ConfigurableResource):
         key_env = spec.api_key_env or "the API key"
         if not self.is_configured():
             raise ServiceError(spec.name, f"no API key; set {key_env}")
+        limit, policy, sleep = self._wait_limit, HttpRetry(), self._sleep
+        if limit is not None:
+            # A hint past the deadline raises RateLimited at once (the caller hands the work back); every
+            # other wait (a shorter hint, a backoff) is the limit's: it ends first, or stops with the run.
+            policy = HttpRetry(max_wait_s=max(0.0, min(policy.max_wait_s, limit.seconds_left())))
+            sleep = functools.partial(limit.wait, sleep=self._sleep)
+
         return post_json(
-            self.http_client(), url, headers, body, service=spec.name, credential_env_var=key_env, sleep=self._sleep
+            self.http_client(),
+            url,
+            headers,
+            body,
+            service=spec.name,
+            credential_env_var=key_env,
+            sleep=sleep,
+            policy=policy,
         )
 
 
@@ -142,9 +244,10 @@ def post_json(
     service: str,
     credential_env_var: str,
     sleep: Callable[[float], None],
+    policy: HttpRetry = HttpRetry(),
 ) -> dict[str, Any]:
     request = client.build_request("POST", url, headers=headers, json=body)
-    response = send_with_retries(client, request, service=service, sleep=sleep)
+    response = send_with_retries(client, request, service=service, policy=policy, sleep=sleep)
     if response.status_code in (401, 403):
         raise describe_error_response(service, response, credential_hint=credential_env_var)
     if response.status_code >= 400:
