@@ -223,7 +223,19 @@ def main() -> None:
     parser.add_argument(
         "--profile", type=int, default=0, metavar="N", help="print each round's N costliest functions (cProfile)"
     )
+    parser.add_argument(
+        "--remember-secrets",
+        type=int,
+        default=0,
+        metavar="N",
+        help="secrets the process holds, as a deployment's does (API keys, the sealing key, endpoint secrets): "
+        "every redaction looks for each (default 0)",
+    )
     args = parser.parse_args()
+    if args.remember_secrets:
+        from marketing_pipelines.redact import remember_secrets
+
+        remember_secrets(*(f"sk-bench-{i:04d}-{os.urandom(16).hex()}" for i in range(args.remember_secrets)))
     for n in args.executions:
         if not 1 <= n <= 1000:
             parser.error(f"--executions {n}: a run performs 1 to 1000 executions (MARKETING_EXECUTIONS_PER_RUN)")

@@ -26,7 +26,7 @@ import contextlib
 import html
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
@@ -241,6 +241,17 @@ def _may_be_encoded(text: str) -> bool:
     return "%" in text or "\\" in text or "&" in text or _BASE64_RUN.search(text) is not None
 
 
+# Runs whose decodings a SecretSet keeps (``SecretSet._decoded``); past this many it starts again.
+_DECODED_CACHE_SIZE = 4096
+_QUAD_SLICES = tuple(slice(p, p + 4) for p in range(0, 4096, 4))
+
+
+def _quad_slices(length: int) -> Sequence[slice]:
+    """The slices of the quads at multiples of 4 that a text of ``length`` characters holds whole."""
+    count = len(range(0, length - 3, 4))
+    return _QUAD_SLICES[:count] if count <= len(_QUAD_SLICES) else [slice(p, p + 4) for p in range(0, length - 3, 4)]
+
+
 class SecretSet:
     """Secrets known by value, and ``hide``: every piece of ``PIECE_CHARS`` characters of each (a shorter secret
     whole), raw, split over lines, or re-encoded as URL-encoding, ``\\u`` escapes, HTML references, hex or base64,
@@ -259,6 +270,9 @@ class SecretSet:
         self._pieces: set[str] = set()
         self._quads: set[str] = set()
         self._short: tuple[str, ...] = ()  # longest first, so a secret holding another is hidden whole
+        # What decoding a run found, by run: the same words recur from text to text (a campaign/stage label in
+        # every execution's line), and decoding is most of what hiding costs. Emptied when a secret is added.
+        self._decoded: dict[tuple[str, bool], list[tuple[int, int]]] = {}
 
     def add(self, *values: str) -> None:
         new = {v for v in values if len(v) >= self.min_chars} - self.secrets
@@ -275,6 +289,7 @@ class SecretSet:
             self._quads.update(secret[i : i + 4] for i in range(len(secret) - 3))
         self.secrets |= new
         self._short = tuple(sorted(short, key=len, reverse=True))
+        self._decoded = {}
 
     def copy(self) -> SecretSet:
         other = SecretSet(self.min_chars, self.limit)
@@ -286,7 +301,9 @@ class SecretSet:
         """Spans of ``view`` that are pieces (or short secrets), as they stand."""
         spans: list[tuple[int, int]] = []
         pieces, quads = self._pieces, self._quads
-        if pieces:
+        # A window holds the quad at the first multiple of 4 after its start: text holding none of the secrets' quads
+        # at those places (most text) is done with one set operation over slices, without a Python-level loop.
+        if pieces and not quads.isdisjoint(map(view.__getitem__, _quad_slices(len(view)))):
             for p in range(0, len(view) - 7, 4):
                 if view[p : p + 4] in quads and view[p + 4 : p + 8] in quads:
                     starts = range(max(p - 3, 0), p + 1)
@@ -303,9 +320,18 @@ class SecretSet:
         spans = self._found(view)
         if _may_be_encoded(view):
             for run in _ENCODED_RUN.finditer(view):
-                for decoded, start, end in _decodings(run.group(0), whole=whole_runs):
-                    if self._found(decoded):
-                        spans.append((run.start() + start, run.start() + end))
+                key = (run.group(0), whole_runs)
+                found = self._decoded.get(key)
+                if found is None:
+                    found = [
+                        (start, end)
+                        for decoded, start, end in _decodings(key[0], whole=whole_runs)
+                        if self._found(decoded)
+                    ]
+                    if len(self._decoded) >= _DECODED_CACHE_SIZE:
+                        self._decoded = {}
+                    self._decoded[key] = found
+                spans += [(run.start() + start, run.start() + end) for start, end in found]
         return spans
 
     def hide(self, text: str) -> str:
@@ -313,7 +339,8 @@ class SecretSet:
         if not self.secrets or len(text) < self.min_chars:
             return text
         spans = self._spans(text)
-        if _LINE_SPLIT.search(text):
+        # A line break is not printable, nor is any other character _LINE_SPLIT matches but the escapes' backslash.
+        if ("\\" in text or not text.isprintable()) and _LINE_SPLIT.search(text):
             spans += self._split_spans(text)
         if not spans:
             return text
@@ -620,3 +647,39 @@ def spreadsheet_safe(text: str) -> str:
     Only for text values: a writer keeps an int or float (``-3``) as it is, so numbers stay numbers.
     """
     return visible_controls("'" + text if text.startswith(_FORMULA_PREFIXES) else text)
+
+
+# What a Markdown renderer (GitHub-flavoured, as Dagster's UI renders metadata) or a chat's autolinker (Slack,
+# Mattermost, Rocket.Chat, Discord) makes a link of needs one of: a scheme's colon ("https://", "mailto:",
+# "javascript:"), a dot between a host's labels ("www.x", "evil.com/x", "1.2.3.4", "a@evil.com", the host left
+# in "https://evil.com/***"), or an IPv6 literal's colons. Such a dot is written U+2024 ONE DOT LEADER and such a
+# colon U+2236 RATIO: both read as what they replace, no autolinker or URL parser takes either for one, and both
+# are in common Latin fonts (DejaVu Sans Mono has both). Not U+FF0E for the dot: IDNA maps it,
+# U+3002 and U+FF61 to "." in a host name (so those are replaced too), while it refuses U+2024. Not U+FF1A for
+# the colon: without a CJK font (headless Chromium on Debian) it shows as a box, and takes the dots beside it
+# along. Nothing invisible is inserted: a receiver that drops zero-width characters would leave the link whole.
+# A colon inside a name ("queue:due_lag") or a time stays as it is.
+_LINKABLE = re.compile(
+    r"(?P<dot>[.\u3002\uff0e\uff61](?=\S))"  # a dot with something after it: a host's label separator
+    r"|(?<![\w:])(?P<ip6>[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,})(?![\w:])"  # an IPv6 literal
+    r"|(?<![\w+-])[A-Za-z][A-Za-z0-9+.-]*(?P<scheme>:)(?=\S)"  # a scheme's colon, "//" after it or not
+    r"|(?P<punct>:)(?=[^\w\s])"  # a colon before "//", "\", ":", "?", ...
+)
+_NOT_A_DOT, _NOT_A_COLON = "\u2024", "\u2236"
+
+
+def _unlinked(match: re.Match[str]) -> str:
+    if match.group("dot"):
+        return _NOT_A_DOT
+    if match.group("ip6") is not None:
+        return match.group("ip6").replace(":", _NOT_A_COLON)
+    # A scheme-shaped word may hold dots ("x.javascript:"), each followed by more of it.
+    return match.group(0)[:-1].replace(".", _NOT_A_DOT) + _NOT_A_COLON
+
+
+def unlinkable(text: str) -> str:
+    """``text`` with nothing in it that a Markdown renderer or a chat autolinker makes a link of: schemes
+    (``https:``, ``mailto:``, ``javascript:``...), ``www.``, domains, IPv4 and IPv6 addresses and e-mail
+    addresses, written with look-alikes that still read the same (``https\u2236//evil\u2024com``). The same
+    length as ``text``: cut before or after, alike."""
+    return _LINKABLE.sub(_unlinked, text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
@@ -123,3 +124,13 @@ def alert_for_failed_runs(instance: dg.DagsterInstance, engine: sa.Engine) -> st
             agent_run_job.name,
         )
     return format_alert(Alert(failed))
+
+
+def dump_app_database(engine: sa.Engine) -> str:
+    """Every row of every table of the application database, as JSON text: what a database dump would reveal."""
+    with engine.connect() as conn:
+        tables = sa.MetaData()
+        tables.reflect(conn)
+        return "\n".join(
+            json.dumps([list(row) for row in conn.execute(sa.select(t))], default=str) for t in tables.sorted_tables
+        )

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import urllib.parse
 from collections.abc import Callable
 
@@ -32,7 +31,7 @@ from marketing_pipelines.settings import load_settings
 from marketing_pipelines_tests.agents.fake_models import anthropic_models, text_turn
 from marketing_pipelines_tests.agents.runs import run_one
 from marketing_pipelines_tests.cli_runner import cli_for
-from marketing_pipelines_tests.factories import add_campaign, alert_for_failed_runs, settings_from
+from marketing_pipelines_tests.factories import add_campaign, alert_for_failed_runs, dump_app_database, settings_from
 
 MODEL_KEY = "sk-ant-api03-Qm7Zr2Xv9Lp4Tn8Wc6Hb1Jd5Fs3Gk0Ye7Ua2Io"
 ENDPOINT_SECRET = "whsec_" + base64.b64encode(bytes(range(100, 124))).decode()
@@ -148,15 +147,6 @@ def _invalid_key_echoed(key: str) -> httpx.Response:
     return httpx.Response(401, json={"type": "error", "error": error})
 
 
-def _dump(engine: sa.Engine) -> str:
-    with engine.connect() as conn:
-        tables = sa.MetaData()
-        tables.reflect(conn)
-        return "\n".join(
-            json.dumps([list(row) for row in conn.execute(sa.select(t))], default=str) for t in tables.sorted_tables
-        )
-
-
 @pytest.mark.slow
 def test_a_model_and_a_provider_echoing_the_key_in_every_shape_leave_no_piece_on_any_surface(
     engine: sa.Engine, db_url: str, instance: dg.DagsterInstance
@@ -193,7 +183,7 @@ def test_a_model_and_a_provider_echoing_the_key_in_every_shape_leave_no_piece_on
     outputs = {" ".join(c): cli(*c) for c in commands}
     assert all(result.exit_code == 0 for result in outputs.values()), outputs
     surfaces = {
-        "app database": _dump(engine),
+        "app database": dump_app_database(engine),
         "event log": "\n".join(
             dg.serialize_value(e) for run in instance.get_runs() for e in instance.all_logs(run.run_id)
         ),

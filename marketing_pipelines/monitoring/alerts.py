@@ -9,9 +9,10 @@ Dagster run held, and formats one message from the failures and check changes a 
 The message is ``{"text": ...}`` in Slack mrkdwn: Slack, Mattermost, Rocket.Chat and Discord's
 ``/slack`` endpoint all take ``text``, while ``blocks`` are Slack's alone. Every piece of text that
 comes from a run, a row or a check is untrusted: URLs in it keep only scheme and host, control
-characters become spaces, ``&``, ``<``, ``>`` are escaped, and ``@``, ``[``, ``]``, a scheme's ``://``
-and ``www.`` are written with their full-width look-alikes (U+FF20, U+FF3B, U+FF3D, U+FF1A, U+FF0E), so
-nothing in it can become a link or a mention in any of those receivers (``mrkdwn``).
+characters become spaces, ``&``, ``<``, ``>`` are escaped, ``@``, ``[``, ``]`` are written with their
+full-width look-alikes (U+FF20, U+FF3B, U+FF3D), and schemes, domains, IP and e-mail addresses go through
+``redact.unlinkable`` (a host's dots as U+2024, a scheme's colon as U+2236), so nothing in it can become a
+link or a mention in any of those receivers (``mrkdwn``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from marketing_pipelines.db.schema import agent_run, marketing_execution, market
 from marketing_pipelines.egress import EgressRefused
 from marketing_pipelines.executions.signing import body_bytes
 from marketing_pipelines.executions.webhook import WebhookClient
-from marketing_pipelines.redact import CONTROL_CHARACTERS, redact_text, url_origin, url_origins
+from marketing_pipelines.redact import CONTROL_CHARACTERS, redact_text, unlinkable, url_origin, url_origins
 from marketing_pipelines.settings import dagster_ui_base, env_name, setting_field, shown_in_ui
 
 ALERT_URL_ENV = env_name("alert_webhook_url")
@@ -53,25 +54,21 @@ def neutralise(text: str) -> str:
 
 # What would make untrusted text a mention or a link in one of the receivers OPERATIONS names, each
 # written as a full-width look-alike that none of them parses: "@" (@channel, @here, @everyone, @all;
-# Discord's <@id>), Markdown's link and image brackets ([text](url), ![](url), [text][ref]), and a
-# scheme's "://" and "www." (every receiver autolinks those; Slack's <url|text> is escaped below).
+# Discord's <@id>) and Markdown's link and image brackets ([text](url), ![](url), [text][ref]). What
+# they autolink (schemes, "www.", bare domains as Slack links them, IP and e-mail addresses) goes through
+# ``unlinkable``; Slack's <url|text> is escaped below.
 _INERT = str.maketrans({"@": "\uff20", "[": "\uff3b", "]": "\uff3d"})
-_AUTOLINKED = re.compile(r"(?i):(?=//)|(?<![\w.])(www)\.")
-
-
-def _not_autolinked(match: re.Match[str]) -> str:
-    return "\uff1a" if match.group(1) is None else f"{match.group(1)}\uff0e"
 
 
 def mrkdwn(text: str, limit: int = MAX_REASON_CHARS) -> str:
     """Untrusted text made safe to place in a message to Slack, Mattermost, Rocket.Chat or Discord: one line
-    (``neutralise``), cut to ``limit``, then nothing in it can be a link or a mention (``@`` ``[`` ``]``
-    ``://`` ``www.`` as full-width look-alikes, ``&`` ``<`` ``>`` escaped; after cutting, so an escape is
-    never cut in half)."""
+    (``neutralise``), cut to ``limit``, then nothing in it can be a link or a mention (``@`` ``[`` ``]`` as
+    full-width look-alikes, ``unlinkable``, ``&`` ``<`` ``>`` escaped; after cutting, so an escape is never
+    cut in half)."""
     text = neutralise(text)
     if len(text) > limit:
         text = text[: limit - 1] + "…"
-    text = _AUTOLINKED.sub(_not_autolinked, text.translate(_INERT))
+    text = unlinkable(text.translate(_INERT))
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 

@@ -10,7 +10,6 @@ A base URL with user info is refused before any request, so no ``Authorization: 
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -23,7 +22,7 @@ import sqlalchemy as sa
 from marketing_pipelines.egress import api_root_problem
 from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, SITE_KEY
 from marketing_pipelines.settings import SettingsError, load_settings
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, dump_app_database
 from marketing_pipelines_tests.measurement.fake_services import Api, mocked_github, mocked_plausible
 from marketing_pipelines_tests.measurement.runs import materialize_measurement
 
@@ -77,24 +76,30 @@ GITHUB_ECHOES: dict[str, Answer] = {
 }
 
 
-def _surfaces(instance_dir: Path, engine: sa.Engine, console: str, result: dg.ExecuteInProcessResult) -> str:
-    """Every file of the Dagster instance (runs, event logs, index), the console, the application database and
-    the run's failure events as the UI reads them."""
-    stored = [path.read_bytes().decode("latin-1") for path in instance_dir.rglob("*") if path.is_file()]
-    with engine.connect() as conn:
-        tables = sa.MetaData()
-        tables.reflect(conn)
-        rows = [
-            json.dumps([list(row) for row in conn.execute(sa.select(t))], default=str) for t in tables.sorted_tables
-        ]
-    events = [dg.serialize_value(event) for event in result.all_events]
-    return "\n".join([*stored, console, *rows, *events])
-
-
-def _failure_text(result: dg.ExecuteInProcessResult) -> str:
+def _failed_run(
+    tmp_path: Path,
+    engine: sa.Engine,
+    db_url: str,
+    capfd: pytest.CaptureFixture[str],
+    key: dg.AssetKey,
+    day: date,
+    **client: object,
+) -> tuple[str, str]:
+    """Materialize ``key`` for ``day`` with ``client`` on a Dagster instance on disk; the run must fail. Returns its
+    failure's text and every surface: each file of the instance (runs, event logs, index), the console, the
+    application database and the run's events as the UI reads them."""
+    home = tmp_path / "dagster"
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        result = materialize_measurement([key], db_url, [day], instance, raise_on_error=False, **client)
+    captured = capfd.readouterr()
+    assert not result.success
     failures = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
     assert failures, "the step was expected to fail"
-    return "\n".join(str(e.step_failure_data.error) for e in failures)
+    stored = [path.read_bytes().decode("latin-1") for path in home.rglob("*") if path.is_file()]
+    events = [dg.serialize_value(event) for event in result.all_events]
+    surfaces = [*stored, captured.out, captured.err, dump_app_database(engine), *events]
+    return "\n".join(str(e.step_failure_data.error) for e in failures), "\n".join(surfaces)
 
 
 @pytest.mark.parametrize("shape", PLAUSIBLE_ECHOES)
@@ -103,22 +108,10 @@ def test_a_plausible_echo_of_its_key_lands_on_no_surface(
 ) -> None:
     add_campaign(engine, "alpha", utm_campaign="alpha26")
     api = Api(PLAUSIBLE_ECHOES[shape])
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        result = materialize_measurement(
-            [SITE_KEY],
-            db_url,
-            [DAY],
-            instance,
-            raise_on_error=False,
-            plausible=mocked_plausible(api, api_key=PLAUSIBLE_KEY),
-        )
-    captured = capfd.readouterr()
-    assert not result.success
+    plausible = mocked_plausible(api, api_key=PLAUSIBLE_KEY)
+    failure, surfaces = _failed_run(tmp_path, engine, db_url, capfd, SITE_KEY, DAY, plausible=plausible)
     assert api.requests, "the fake service was asked"
-    failure = _failure_text(result)
     assert "plausible:" in failure  # the failure says which service, so a search that found nothing searched it
-    surfaces = _surfaces(tmp_path / "dagster", engine, captured.out + captured.err, result)
     assert leaked(surfaces, PLAUSIBLE_KEY) == []
 
 
@@ -128,30 +121,17 @@ def test_a_github_echo_of_its_token_lands_on_no_surface(
 ) -> None:
     add_campaign(engine, "alpha", github_repo=REPO)
     api = Api(GITHUB_ECHOES[shape])
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        result = materialize_measurement(
-            [DOWNLOADS_KEY],
-            db_url,
-            [RECENT_DAY],
-            instance,
-            raise_on_error=False,
-            github=mocked_github(api, token=GITHUB_TOKEN),
-        )
-    captured = capfd.readouterr()
-    assert not result.success
-    assert "github" in _failure_text(result)
-    surfaces = _surfaces(tmp_path / "dagster", engine, captured.out + captured.err, result)
+    github = mocked_github(api, token=GITHUB_TOKEN)
+    failure, surfaces = _failed_run(tmp_path, engine, db_url, capfd, DOWNLOADS_KEY, RECENT_DAY, github=github)
+    assert "github" in failure
     assert leaked(surfaces, GITHUB_TOKEN) == []
     # Nothing was sent off the configured API host, where the token would have gone too.
     assert {request.url.host for request in api.requests} == {"api.github.com"}
 
 
-@pytest.mark.parametrize(
-    ("importer", "field"), [("plausible", "base_url"), ("github", "base_url")], ids=["plausible", "github"]
-)
+@pytest.mark.parametrize("importer", ["plausible", "github"])
 def test_an_api_root_with_user_info_is_refused_before_any_request(
-    importer: str, field: str, engine: sa.Engine, db_url: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+    importer: str, engine: sa.Engine, db_url: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     add_campaign(engine, "alpha", utm_campaign="alpha26", github_repo=REPO)
     api = Api(lambda r: httpx.Response(200, text="not json"))
@@ -160,15 +140,10 @@ def test_an_api_root_with_user_info_is_refused_before_any_request(
         key, client = SITE_KEY, {"plausible": mocked_plausible(api, api_key=PLAUSIBLE_KEY, base_url=root)}
     else:
         key, client = DOWNLOADS_KEY, {"github": mocked_github(api, token=GITHUB_TOKEN, base_url=root)}
-    (tmp_path / "dagster").mkdir()
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
-        result = materialize_measurement([key], db_url, [RECENT_DAY], instance, raise_on_error=False, **client)
-    captured = capfd.readouterr()
-    assert not result.success
+    failure, surfaces = _failed_run(tmp_path, engine, db_url, capfd, key, RECENT_DAY, **client)
     # No request at all: httpx would have sent "Authorization: Basic svc:..." in place of the service's token.
     assert api.requests == []
-    assert "must not hold user info" in _failure_text(result)
-    surfaces = _surfaces(tmp_path / "dagster", engine, captured.out + captured.err, result)
+    assert "must not hold user info" in failure
     assert leaked(surfaces, USER_INFO_PASSWORD) == []
 
 

@@ -135,7 +135,7 @@ def test_a_failed_execution_run_alerts_once_with_its_executions(
     assert "1 of 1 execution(s) FAILED" in message
     assert "execution 1 (spring-launch/launch, webhook)" in message
     # The reason, with the execution's receiver shown as scheme and host only.
-    assert f"webhook http\uff1a//127.0.0.1:{target.port} answered HTTP 500" in message
+    assert f"webhook http\u2236//127\u20240\u20240\u20241:{target.port} answered HTTP 500" in message
     assert "/hook/0" not in message and "hunter2" not in message
     assert "more" not in message  # one item listed: nothing left to count (it once said "and -9 more")
     assert "Alerted 1 failed run" in _reason(result)
@@ -376,11 +376,11 @@ def test_a_check_at_error_alerts_once_and_warn_never(
 
 def test_shown_text_cannot_become_markup_or_leak_a_url() -> None:
     text = mrkdwn("a\x1b[31m <https://x.example/p?t=1|click> & \u2028 https://u:pw@h.example:8443/secret/path")
-    # The link's label goes with its URL, which keeps only scheme and host, and its "://" cannot autolink.
-    assert text == "a \uff3b31m &lt;https\uff1a//x.example&gt; &amp; https\uff1a//h.example:8443"
+    # The link's label goes with its URL, which keeps only scheme and host, and neither autolinks.
+    assert text == "a \uff3b31m &lt;https\u2236//x\u2024example&gt; &amp; https\u2236//h\u2024example\u22368443"
     assert url_origin(f"https://hooks.slack.com/services/{SECRET}") == "https://hooks.slack.com"
     # A right-to-left override would show the rest of the line reversed in Slack.
-    assert mrkdwn("run \u202egnp.exe failed") == "run gnp.exe failed"
+    assert mrkdwn("run \u202egnp.exe failed") == "run gnp\u2024exe failed"
 
 
 @pytest.mark.parametrize(
@@ -389,23 +389,29 @@ def test_shown_text_cannot_become_markup_or_leak_a_url() -> None:
         # Slack: special mentions and its own link syntax.
         (
             "<!channel> <!here|here> <@U024BE7LH> <https://evil.example|click>",
-            "&lt;!channel&gt; &lt;!here|here&gt; &lt;\uff20U024BE7LH&gt; &lt;https\uff1a//evil.example&gt;",
+            "&lt;!channel&gt; &lt;!here|here&gt; &lt;\uff20U024BE7LH&gt; &lt;https\u2236//evil\u2024example&gt;",
         ),
         # Mattermost and Rocket.Chat: @-mentions and Markdown links, images and references.
         (
             "@channel @all @here [click](https://evil.example/x) ![img](https://evil.example/p.png) [r][1]",
-            "\uff20channel \uff20all \uff20here \uff3bclick\uff3d(https\uff1a//evil.example) "
-            "!\uff3bimg\uff3d(https\uff1a//evil.example) \uff3br\uff3d\uff3b1\uff3d",
+            "\uff20channel \uff20all \uff20here \uff3bclick\uff3d(https\u2236//evil\u2024example) "
+            "!\uff3bimg\uff3d(https\u2236//evil\u2024example) \uff3br\uff3d\uff3b1\uff3d",
         ),
         # Discord (through /slack): @everyone, <@id> and masked links.
         (
             "@everyone <@80351110224678912> [docs](http://evil.example)",
-            "\uff20everyone &lt;\uff2080351110224678912&gt; \uff3bdocs\uff3d(http\uff1a//evil.example)",
+            "\uff20everyone &lt;\uff2080351110224678912&gt; \uff3bdocs\uff3d(http\u2236//evil\u2024example)",
         ),
         # Every receiver: bare URLs and www. autolink, e-mail addresses become mailto links.
         (
             "see https://evil.example or WWW.evil.example or ana@evil.example",
-            "see https\uff1a//evil.example or WWW\uff0eevil.example or ana\uff20evil.example",
+            "see https\u2236//evil\u2024example or WWW\u2024evil\u2024example or ana\uff20evil\u2024example",
+        ),
+        # Slack (and a Unicode-aware linkifier): bare domains and IP addresses, IDNA's other full stops.
+        (
+            "evil.example/x 1.2.3.4/admin mailto:a@evil.example evil\uff0eexample [::1]",
+            "evil\u2024example/x 1\u20242\u20243\u20244/admin mailto\u2236a\uff20evil\u2024example "
+            "evil\u2024example \uff3b\u2236\u22361\uff3d",
         ),
     ],
 )
@@ -426,7 +432,7 @@ def test_nothing_a_receiver_or_model_wrote_becomes_a_link_or_a_mention(hostile: 
         [CheckChange(f"q:{hostile}", datetime(2026, 12, 3, tzinfo=UTC), True, True, hostile)],
     )
     text = format_alert(alert, location=hostile)
-    for markup in ("@", "[", "]", "://", "<", ">", "www."):
+    for markup in ("@", "[", "]", "://", "<", ">", "www.", "evil.", "mailto:", "1.2"):
         assert markup not in text.lower(), markup
 
 

@@ -27,7 +27,7 @@ from marketing_pipelines.measurement.report.reads import (
     first_party_rows_by_campaign,
 )
 from marketing_pipelines.measurement.rollup.daily import FIRST_PARTY
-from marketing_pipelines.redact import spreadsheet_safe, visible_cell, visible_controls
+from marketing_pipelines.redact import spreadsheet_safe, unlinkable, visible_cell, visible_controls
 
 FORMATS = ("table", "csv", "json")
 CSV_COLUMNS = (
@@ -202,10 +202,12 @@ def funnel_markdown(conn: sa.Connection, day: date) -> str:
     return "\n".join(lines)
 
 
-_MARKDOWN_SPECIAL = str.maketrans({c: f"\\{c}" for c in "\\|`*_[]<>#~"})
+# "&" too: a character reference ("&#46;", "&colon;") would put back what ``unlinkable`` took out.
+_MARKDOWN_SPECIAL = str.maketrans({c: f"\\{c}" for c in "\\|`*_[]<>#~&"})
 
 
 def _md_cell(text: str) -> str:
-    # Stage names come from event files: keep them from breaking the table or adding markup, and their
+    # Stage and campaign names come from event files: keep them from breaking the table, adding markup or
+    # becoming a link (``unlinkable``: the UI's Markdown autolinks "www.", URLs and e-mail addresses), and their
     # control characters visible (written \\xNN before the escaping, so the backslash shows too).
-    return visible_controls(" ".join(text.split())).translate(_MARKDOWN_SPECIAL)
+    return unlinkable(visible_controls(" ".join(text.split()))).translate(_MARKDOWN_SPECIAL)
