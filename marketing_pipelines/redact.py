@@ -43,12 +43,19 @@ _IP6_CHARACTERS = re.compile(r"[0-9a-f:.]+(?:%[a-z0-9._~-]+)?")
 
 # C0 and C1 controls except tab and newline; the bidirectional marks and overrides that make a terminal
 # or a page show text in another order than it is stored ("Trojan source"), U+061C among them; the line
-# and paragraph separators (a line break to str.splitlines and many viewers); and the characters that
-# take no room: zero-width space, joiners, word joiner and invisible operators, the BOM, and the tag
-# characters (invisible text that a model still reads).
+# and paragraph separators (a line break to str.splitlines and many viewers); the characters that take
+# no room or show as nothing: soft hyphen, combining grapheme joiner, Khmer inherent vowels, the Mongolian
+# free variation selectors and vowel separator, zero-width space, joiners, word joiner, invisible operators
+# and the other format characters of U+2060-U+206F, the Hangul fillers (blank letters that pass for a
+# name), the BOM, interlinear annotation marks, shorthand and musical formatting controls, and the tag
+# characters (invisible text that a model still reads); and lone surrogates, which no encoder writes (one
+# stored before replies were cleaned shows as its code). Variation selectors: U+FE0E and U+FE0F stay, as
+# many everyday emoji end in one (a red heart is U+2764 U+FE0F); the others (U+FE00-U+FE0D, U+E0100-U+E01EF) select rare
+# glyph variants and are what "emoji smuggling" hides a byte per character in, so they are written out.
 CONTROL_CHARACTERS = re.compile(
-    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028\u2029\u202a-\u202e\u2060-\u2064\u2066-\u2069"
-    r"\ufeff\U000e0000-\U000e007f]"
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
+    r"\u2028\u2029\u202a-\u202e\u2060-\u206f\u3164\ud800-\udfff\ufe00-\ufe0d\ufeff\uffa0\ufff0-\ufffb"
+    r"\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e007f\U000e0100-\U000e01ef]"
 )
 
 HIDDEN = "***"

@@ -1,10 +1,12 @@
 """Secrets at rest: values sealed with Fernet (``cryptography``) under the operator's key.
 
 A webhook endpoint's signing secrets and its URL (whose path is often itself a token: Slack's
-``/services/...``) are stored sealed, so a dump of the database alone reveals none of them. The key
-is ``MARKETING_SECRETS_KEY``: one or more comma-separated Fernet keys. The first seals; every key
-opens, so an operator rotates by putting a new key first, running ``webhooks reseal``, then dropping
-the old one. Nothing here reads the environment: ``settings`` finds the key text.
+``/services/...``) are stored sealed, and so are the header values of a webhook execution's payload
+(``Authorization: Bearer ...``; ``actions.seal_headers``), so a dump of the database alone reveals none
+of them. The key is ``MARKETING_SECRETS_KEY``: one or more comma-separated Fernet keys. The first
+seals; every key opens, so an operator rotates by putting a new key first, running ``webhooks reseal``
+and ``executions reseal``, then dropping the old one. Nothing here reads the environment: ``settings``
+finds the key text.
 
 A SQLite database may instead keep its key in ``secrets.key`` beside it (the demo makes it). A database
 has one key source: when the variable is set and that file holds other keys, the CLI would seal with
@@ -83,7 +85,7 @@ class SecretBox:
         self.source = source
         if not keys:
             raise SealingError(
-                f"{missing or source + ' is not set'}: webhook endpoints are stored encrypted; "
+                f"{missing or source + ' is not set'}: webhook endpoints and header values are stored encrypted; "
                 "create a key with `marketing-pipelines webhooks new-key` and export it"
             )
         fernets = []

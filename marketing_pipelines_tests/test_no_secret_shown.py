@@ -9,6 +9,7 @@ errors, every event of every run (messages and metadata) and the alert message.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from datetime import UTC, datetime, timedelta
@@ -29,8 +30,10 @@ from marketing_pipelines.db.schema import agent_run, agent_run_step, marketing_e
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.queue import schedule_execution
 from marketing_pipelines.executions.resources import ExecutionSettings
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.http import ServiceError, send_with_retries
 from marketing_pipelines.redact import error_text, redact_text, redact_url, redact_urls, redact_value
+from marketing_pipelines.sealing import key_source, new_key
 from marketing_pipelines.settings import SettingsError, load_settings
 from marketing_pipelines_tests.agents.runs import AGENT_RESOURCES
 from marketing_pipelines_tests.built import due_executions_sensor, queued_agent_runs_sensor
@@ -58,6 +61,11 @@ PROPOSAL = {
     "payload": {"url": AGENT_URL, "headers": {"Authorization": f"Bearer {AGENT_SECRET}"}, "body": {"text": "go"}},
 }
 NO_BACKOFF = ExecutionSettings(retry_backoff_seconds=0)
+# Header values are stored sealed (the command line's and a run's MARKETING_SECRETS_KEY): the schedule seals with
+# these keys, the runs (executions and agents) open with the same one.
+KEY = new_key()
+KEYS = functools.partial(key_source, KEY, None)
+WEBHOOK = WebhookClient(timeout_s=5, allow_networks=LOCAL, secrets_key=KEY)
 
 
 def _hook_url(hook: Recorder) -> str:
@@ -123,12 +131,13 @@ def _run_executions(engine: sa.Engine, db_url: str, instance: dg.DagsterInstance
                 payload=payload,
                 max_attempts=2,
                 egress=EgressPolicy(parse_networks(LOCAL)),
+                keys=KEYS,
             )
             for action, payload in payloads.items()
         ]
     for _ in range(2):  # attempt 1: RESCHEDULED (and the log action SUCCEEDED); attempt 2: FAILED
         [request] = sensor_requests(due_executions_sensor, db_url, instance, NO_BACKOFF)
-        perform(request, db_url, instance, settings=NO_BACKOFF)
+        perform(request, db_url, instance, WEBHOOK, settings=NO_BACKOFF)
     assert len(hook.received) == 2 and hook.received[0].headers["x-api-key"] == HEADER_SECRET
     return ids
 
@@ -157,6 +166,7 @@ def _run_agents(engine: sa.Engine, db_url: str, instance: dg.DagsterInstance) ->
         **model_resources(load_settings()),
         "app_db": AppDatabase(url=db_url),
         **AGENT_RESOURCES,
+        "webhook": WebhookClient(secrets_key=KEY),
     }
     return [
         agent_run_job.execute_in_process(
@@ -218,6 +228,11 @@ def test_no_planted_secret_shows_on_any_surface(
         assert [r.headers["authorization"] for r in openai.received] == [f"Bearer sk-{API_KEY_SECRET}"] * 3
     _run_executions(engine, db_url, instance, hook)
     assert analyst.success and not brief.success
+    # Every header value is stored sealed, the agent's proposal's as the command line's (issue 44 item 3).
+    with engine.connect() as conn:
+        payloads = conn.execute(sa.select(marketing_execution.c.payload)).scalars().all()
+    headers = [value for p in payloads for value in (p.get("headers") or {}).values()]
+    assert len(headers) == 2 and all(set(value) == {"sealed"} for value in headers), headers
 
     surfaces = _surfaces(engine, db_url, instance)
 

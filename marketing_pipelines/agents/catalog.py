@@ -33,6 +33,7 @@ from marketing_pipelines.executions.queue import (
     parse_due,
     schedule_execution,
 )
+from marketing_pipelines.sealing import KeySource
 from marketing_pipelines.strict_json import loads_json
 
 
@@ -50,6 +51,9 @@ class ToolCallContext:
     # in all (``AgentDefinition.executions_allowed``): what ``Tool.refusal`` holds an agent's writes to.
     proposal: Mapping[str, Any] | None = None
     executions_allowed: int = 0
+    # The keys a webhook's header values are sealed with when scheduled (the run's ``WebhookClient.sealing_keys``);
+    # None: a payload with headers is refused, as schedule_execution refuses it without keys.
+    sealing_keys: Callable[[], KeySource] | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,7 @@ def _schedule_execution(conn: sa.Connection, args: dict[str, Any], ctx: ToolCall
         payload=payload,
         egress=ctx.egress,
         dedupe_key=_execution_key(args, ctx),
+        keys=ctx.sealing_keys,
     )
     return {"scheduled_execution_id": execution_id}
 

@@ -19,6 +19,8 @@ from typing import Any
 from marketing_pipelines.redact import redact_value, shown_text
 
 OUTPUT_CHARS = 8_000
+# What starts every line of a model's output on a terminal (``agents show``): no field or section line starts so.
+OUTPUT_MARGIN = "    | "
 LINE_CHARS = 240
 TRANSCRIPT_LINES = 100
 
@@ -59,6 +61,16 @@ def output_markdown(text: str, agent_run_id: int) -> str:
     if len(shown) > OUTPUT_CHARS:
         block += f"\n\nCut at {OUTPUT_CHARS} characters; all of it: `marketing-pipelines agents show {agent_run_id}`."
     return block
+
+
+def output_lines(text: str) -> list[str]:
+    """A model's output for a terminal, one entry per line, each behind ``OUTPUT_MARGIN``.
+
+    ``shown_text`` leaves newline as the only line break (``\\r``, U+2028, U+0085 and the rest are written as
+    escapes), and every line of the text, the first included, starts with the margin: whatever the model
+    wrote, no line of it can pass for a field (``error: ...``) or a section (``transcript:``) around it.
+    """
+    return [f"{OUTPUT_MARGIN}{line}" for line in shown_text(text).split("\n")]
 
 
 def transcript_lines(steps: Iterable[Mapping[str, Any]]) -> list[str]:

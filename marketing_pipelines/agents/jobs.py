@@ -130,6 +130,8 @@ def run_metadata(
         metadata["steps"] = dg.MetadataValue.int(result.steps)
         metadata["tool_calls"] = dg.MetadataValue.int(result.tool_calls)
         metadata["denials"] = dg.MetadataValue.int(result.denials)
+        # Of the denials, the calls past the agent's budget: a model asking far more than its task needs.
+        metadata["over_budget"] = dg.MetadataValue.int(result.over_budget)
     return metadata
 
 
@@ -254,7 +256,7 @@ class AgentAttempt:
                 description=shown_text(f"{message} Its error: {row['error'] if row is not None else ''}"),
                 metadata=self.metadata(),
             )
-        self.context.log.warning(message)
+        self.context.log.warning(shown_text(message))
         return dg.Output(
             {"agent_run_id": self.agent_run_id, "outcome": "stopped"},
             metadata={"outcome": "stopped", "status": status, **self.metadata()},
@@ -309,10 +311,13 @@ def run_agent(
         raise attempt.fail(f"user {row['requested_by']} is not active; runs of inactive users do not start")
     providers = {"offline_model": offline_model, "anthropic_model": anthropic_model, "openai_model": openai_model}
     provider = attempt.provider(row["model_provider"], providers)
+    # The requester's and agent's names are as they were stored: shown with their controls visible, as every line.
     context.log.info(
-        f"Agent run {agent_run_id}: agent {row['agent']} for campaign {row['campaign_id']}, "
-        f"as {row['requested_by']}, provider {row['model_provider']}, attempt {attempt.attempt} of "
-        f"{row['max_attempts']}, time limit {row['max_run_seconds']}s."
+        shown_text(
+            f"Agent run {agent_run_id}: agent {row['agent']} for campaign {row['campaign_id']}, "
+            f"as {row['requested_by']}, provider {row['model_provider']}, attempt {attempt.attempt} of "
+            f"{row['max_attempts']}, time limit {row['max_run_seconds']}s."
+        )
     )
 
     steps = Transcript(engine, agent_run_id, attempt.attempt)
@@ -331,13 +336,14 @@ def run_agent(
                     limits=limits,
                     acquire_model_token=attempt.token_acquirer(row["model_provider"], agent_settings, clock),
                     egress=webhook.policy(),
+                    sealing_keys=webhook.sealing_keys,
                     # What the loop logs quotes the model's tool calls and refusals, which may hold secrets.
                     log=lambda message: context.log.info(shown_text(message)),
                 )
         except RunEnded as exc:
             # Whoever ended the run (monitoring, an operator) hands its agent run back (the run-failure and
             # run-canceled sensors); this worker only stops, without writing.
-            raise dg.Failure(description=f"Agent run {agent_run_id}: {exc}; this worker stops.") from None
+            raise dg.Failure(description=shown_text(f"Agent run {agent_run_id}: {exc}; this worker stops.")) from None
         except OutOfTime as exc:
             raise attempt.fail(f"stopped at the time limit (max_run_seconds): {exc}") from None
         except LeaseLost as exc:

@@ -23,6 +23,7 @@ from marketing_pipelines.agents.queue import Transcript, json_safe
 from marketing_pipelines.agents.users import Grant, authorize
 from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.sealing import KeySource
 
 MAX_TOOL_RESULT_CHARS = 8_000
 
@@ -71,6 +72,7 @@ def run_agent_loop(
     limits: RunLimits,
     acquire_model_token: Callable[[], None],
     egress: EgressPolicy,
+    sealing_keys: Callable[[], KeySource] | None = None,
     log: Callable[[str], None] = lambda _: None,
 ) -> AgentResult:
     own_tools = frozenset(definition.tools)
@@ -79,7 +81,7 @@ def run_agent_loop(
     # narrowed once by migration 0009.
     captured = frozenset(Grant.from_json(g) for g in run["permissions"])
     task = definition.task(run["campaign_id"], dict(run["input"]))
-    scope = _Scope(run, captured, own_tools, egress, definition)
+    scope = _Scope(run, captured, own_tools, egress, definition, sealing_keys)
     spent = _Spent()
     messages: list[dict[str, Any]] = [{"role": "user", "content": json.dumps(task)}]
     transcript.add("task", None, task)
@@ -135,6 +137,7 @@ class _Scope:
     own_tools: frozenset[str]
     egress: EgressPolicy
     definition: AgentDefinition
+    sealing_keys: Callable[[], KeySource] | None
 
     def context(self, campaign_id: str) -> ToolCallContext:
         given = dict(self.run["input"])
@@ -145,6 +148,7 @@ class _Scope:
             self.egress,
             proposal=given.get("propose"),
             executions_allowed=self.definition.executions_allowed(given),
+            sealing_keys=self.sealing_keys,
         )
 
 

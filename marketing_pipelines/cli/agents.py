@@ -8,6 +8,7 @@ import os
 import click
 import sqlalchemy as sa
 
+from marketing_pipelines.agents.display import output_lines
 from marketing_pipelines.agents.token_bucket import MAX_BURST, MAX_CALLS_PER_MINUTE
 from marketing_pipelines.cli.common import (
     ROW_ID,
@@ -231,7 +232,8 @@ def agents_show(agent_run_id: int, as_json: bool) -> None:
     # escape sequences that would rewrite the terminal.
     click.echo(f"{'error':>13}: {shown_cell(run['error']) if run.get('error') else '-'}")
     if run.get("output"):
-        click.echo(f"{'output':>13}:\n{shown_text(str(run['output'].get('text', '')))}")
+        click.echo(f"{'output':>13}:")
+        click.echo("\n".join(output_lines(str(run["output"].get("text", "")))))
     click.echo("transcript:")
     for s in steps:
         name = shown_cell(s["name"] or "")

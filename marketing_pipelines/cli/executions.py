@@ -1,4 +1,4 @@
-"""``marketing-pipelines executions``: schedule (one or a file), list, cancel, retry and show campaign executions."""
+"""``marketing-pipelines executions``: schedule (one or a file), list, cancel, retry, show and reseal executions."""
 
 from __future__ import annotations
 
@@ -112,6 +112,7 @@ def executions_schedule(
             max_attempts=max_attempts or settings().execution_max_attempts,
             dedupe_key=dedupe_key,
             egress=cli_webhook_policy(),
+            keys=settings().sealing_keys,
         )
     click.echo(execution_id)
     if due.strip().lower() != "now" and (late := due_in_past(due_at)):
@@ -165,7 +166,11 @@ def schedule_file(rows_file: BinaryIO) -> None:
     lines = read_schedule_file(rows_file)
     with ready_conn() as conn:
         outcome = schedule_lines(
-            conn, lines, default_max_attempts=settings().execution_max_attempts, egress=cli_webhook_policy()
+            conn,
+            lines,
+            default_max_attempts=settings().execution_max_attempts,
+            egress=cli_webhook_policy(),
+            keys=settings().sealing_keys,
         )
     for error in outcome.errors:
         click.echo(f"line {error.number}: {shown_text(error.reason)}", err=True)
@@ -352,6 +357,31 @@ def executions_show(execution_id: int, with_body: bool, as_json: bool) -> None:
         # The claim counts an attempt; a run that never started (or started after its lease expired
         # and found another attempt owning the row) leaves no attempt row.
         click.echo(f"({execution['attempts'] - len(attempts)} claim(s) never started a run)")
+
+
+@executions.command("reseal")
+def executions_reseal() -> None:
+    """Seal every webhook execution's header values again under the first key of MARKETING_SECRETS_KEY.
+
+    Header values are stored sealed. Rotating the key: put a new key first (MARKETING_SECRETS_KEY=new,old),
+    run this and `webhooks reseal`, then drop the old one. It also seals the plain values of executions
+    scheduled before header values were sealed, whatever their status; those are sent correctly either way.
+
+    \b
+    Example:
+      export MARKETING_SECRETS_KEY=$(marketing-pipelines webhooks new-key)
+      marketing-pipelines executions reseal
+    """
+    from marketing_pipelines.executions.queue import reseal_execution_headers
+    from marketing_pipelines.sealing import SealingError, SecretBox
+
+    try:
+        box = SecretBox.of(settings().sealing_keys())
+        with ready_conn() as conn:
+            count = reseal_execution_headers(conn, box)
+    except SealingError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"resealed the header values of {count} execution(s)")
 
 
 def dagster_runs_url(base: str | None) -> str | None:

@@ -11,8 +11,14 @@ from datetime import UTC, datetime, timedelta
 
 import click
 
-from marketing_pipelines.cli.common import FriendlyGroup, emit_rows, json_option, ready_conn, settings
-from marketing_pipelines.executions.actions import webhook_policy
+from marketing_pipelines.cli.common import (
+    FriendlyGroup,
+    cli_webhook_policy,
+    emit_rows,
+    json_option,
+    ready_conn,
+    settings,
+)
 from marketing_pipelines.executions.endpoints import (
     add_endpoint,
     list_endpoints,
@@ -61,7 +67,8 @@ def webhooks_add(name: str, url: str, campaign_id: str | None, as_json: bool) ->
     """
     box = _box()
     with ready_conn() as conn:
-        secret = add_endpoint(conn, box, name, url, webhook_policy(settings()), campaign_id)
+        # The policy of the runs that will send to it, as `executions schedule` checks a URL against.
+        secret = add_endpoint(conn, box, name, url, cli_webhook_policy(), campaign_id)
     _echo_secret(name, url_origin(url), secret, as_json)
 
 

@@ -3,15 +3,17 @@
 Each action validates its payload when the execution is *scheduled* (bad input is refused
 before anything is accepted) and runs it when the execution is due. Validating imports neither
 Dagster nor httpx (``executions schedule`` answers in a fraction of a second); running a webhook
-uses ``webhook.WebhookClient``.
+uses ``webhook.WebhookClient``. A webhook's header values are stored sealed (``seal_headers``) and
+opened only to be sent (``open_headers``).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -31,6 +33,7 @@ from marketing_pipelines.redact import (
     shown_text,
     url_origin,
 )
+from marketing_pipelines.sealing import KeySource, SealingError, SecretBox
 from marketing_pipelines.settings import Settings
 
 if TYPE_CHECKING:
@@ -104,6 +107,8 @@ class ActionContext:
     log: logging.Logger | dg.DagsterLogManager
     # Registered endpoints the batch's payloads name, opened by the run; a string says why one cannot be used.
     endpoints: Mapping[str, Endpoint | str] = field(default_factory=dict)
+    # What opens the batch's sealed header values (``headers_box``); a string says why nothing can.
+    headers_box: SecretBox | str | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -170,11 +175,14 @@ class WebhookAction:
         check_headers(payload.get("headers", {}))
 
     def run(self, ctx: ActionContext, payload: Mapping[str, Any], webhook: WebhookClient) -> dict[str, Any]:
+        opened = open_headers(payload.get("headers", {}), ctx.headers_box)
         # A payload's header may carry any credential (X-Custom: <token>): hidden from every text this
         # process redacts from now on, a receiver's answer quoting it included.
-        remember_headers(payload.get("headers", {}))
+        remember_headers(opened)
+        # The run redacts its errors with the stored payload's pieces (jobs._redacted), which hold only tokens.
+        hidden_headers = secret_parts({"headers": opened})
         headers = {
-            **payload.get("headers", {}),
+            **opened,
             "Idempotency-Key": ctx.idempotency_key,
             ATTEMPT_HEADER: str(ctx.attempt),
             "Content-Type": "application/json",
@@ -194,7 +202,7 @@ class WebhookAction:
             shown = f"endpoint {name} ({url_origin(url)})"
             # A receiver that quotes its request ("no hook /services/T0/B0/<token>") quotes the sealed URL's
             # parts without the URL around them; the run's redaction of errors cannot know them.
-            hidden = secret_parts({"url": url})
+            hidden = secret_parts({"url": url}) | hidden_headers
             # Signed at send time over the exact bytes sent; a redelivery keeps webhook-id and gets a
             # new timestamp, so a receiver's replay window is measured from this attempt.
             timestamp = int(time.time())
@@ -207,7 +215,7 @@ class WebhookAction:
         else:
             url = payload["url"]
             shown = url_origin(url)
-            hidden = set()
+            hidden = hidden_headers
             remember_url_secrets(url, path_is_secret=True)
         # Deferred: httpx takes 0.2 s to import, which scheduling (validate) should not pay; a run that
         # gets here holds a WebhookClient, which has imported it already.
@@ -295,6 +303,77 @@ def _header_value_problem(value: str) -> str | None:
     except UnicodeEncodeError:
         return "holds a character outside latin-1, which HTTP headers cannot carry"
     return None
+
+
+# A stored header value is this object, never a string: a scheduler's values are strings (check_headers),
+# so neither can be taken for the other, and ``redact_value`` shows it as any header value, ``***``.
+SEALED = "sealed"
+
+
+def seal_headers(headers: Mapping[str, str], box: SecretBox) -> dict[str, dict[str, str]]:
+    """Each value as stored: ``{"Authorization": {"sealed": "<Fernet token>"}}``.
+
+    A token seals the header's name with its value: moved to another header, or taken from an endpoint's
+    row (sealed under the same key), it opens as nothing (``open_headers`` refuses it).
+    """
+    return {name: {SEALED: box.seal(json.dumps([name, value]))} for name, value in headers.items()}
+
+
+def is_sealed(value: Any) -> bool:
+    return isinstance(value, Mapping) and set(value) == {SEALED} and isinstance(value[SEALED], str)
+
+
+def reseal_headers(headers: Mapping[str, Any], box: SecretBox) -> dict[str, Any]:
+    """``headers`` sealed under ``box``'s first key: tokens sealed again, plain values (stored by versions
+    before header values were sealed) sealed. SealingError when a token opens with none of its keys."""
+    resealed: dict[str, Any] = {}
+    for name, value in headers.items():
+        if is_sealed(value):
+            resealed[name] = {SEALED: box.reseal(value[SEALED])}
+        else:  # a string; anything else is left for open_headers to refuse
+            resealed[name] = seal_headers({name: value}, box)[name] if isinstance(value, str) else value
+    return resealed
+
+
+def sealed_headers_box(keys: Callable[[], KeySource], payloads: Iterable[Any]) -> SecretBox | str | None:
+    """What opens these webhook payloads' sealed header values, made once per batch: None when none holds
+    one; the one-line reason (no key, a malformed key) when no box can be made."""
+    if not any(
+        isinstance(p, Mapping) and isinstance(p.get("headers"), Mapping) and any(map(is_sealed, p["headers"].values()))
+        for p in payloads
+    ):
+        return None
+    try:
+        return SecretBox.of(keys())
+    except SealingError as exc:
+        return str(exc)
+
+
+def open_headers(headers: Mapping[str, Any], box: SecretBox | str | None) -> dict[str, str]:
+    """The header values to send. A sealed value is opened with ``box``; a plain string is one stored before
+    header values were sealed and is sent as it is (``executions reseal`` seals those). ActionRefused (the
+    execution FAILED, not retried: no later attempt would open it either) names the header, never a value."""
+    opened: dict[str, str] = {}
+    for name, value in headers.items():
+        if isinstance(value, str):
+            opened[name] = value
+            continue
+        # Never "<name>: ...": the run's redaction would take the text after a header's name for its value.
+        shown = f"webhook header {shown_text(str(name))[:80]}"
+        if not is_sealed(value):
+            raise ActionRefused(f"{shown} cannot be sent: its stored value is neither text nor sealed")
+        if not isinstance(box, SecretBox):
+            raise ActionRefused(f"{shown} cannot be opened: {box}")
+        try:
+            sealed_name, sealed_value = json.loads(box.open(value[SEALED]))
+        except SealingError as exc:
+            raise ActionRefused(f"{shown} cannot be opened: {exc}") from None
+        except (ValueError, TypeError):  # opens, but to no [name, value] pair
+            sealed_name = sealed_value = None
+        if sealed_name != name or not isinstance(sealed_value, str):
+            raise ActionRefused(f"{shown} cannot be opened: its token was not sealed for this header")
+        opened[name] = sealed_value
+    return opened
 
 
 def webhook_policy(settings: Settings) -> EgressPolicy:

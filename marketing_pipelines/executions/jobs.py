@@ -10,6 +10,7 @@ run killed mid-batch leaves what it finished finished, and the rest to reconcili
 expiry.
 """
 
+import functools
 import sys
 import time
 import traceback
@@ -30,6 +31,7 @@ from marketing_pipelines.executions.actions import (
     Endpoint,
     InvalidPayload,
     get_action,
+    sealed_headers_box,
 )
 from marketing_pipelines.executions.endpoints import endpoint_names, open_endpoints
 from marketing_pipelines.executions.queue import (
@@ -44,7 +46,15 @@ from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.leasing.claims import take_over_rows
 from marketing_pipelines.leasing.lease import LeaseKeeper, describe, finish, finish_many, retry_or_fail
-from marketing_pipelines.redact import hide_values, redact_text, secret_parts, shown_text, visible_controls
+from marketing_pipelines.redact import (
+    hide_values,
+    redact_text,
+    secret_parts,
+    shown_cell,
+    visible_cell,
+    visible_controls,
+)
+from marketing_pipelines.sealing import SecretBox
 
 OP_NAME = "perform_executions"
 # A run's outcome table shows at most this many rows; its stdout has a line for every success.
@@ -63,7 +73,7 @@ class ExecutionOutcome:
     """What one execution of a batch came to, as the run's log and outcome table show it."""
 
     execution_id: int
-    campaign_id: str
+    campaign_id: str  # campaign, stage and action as they may be shown (_shown_where): the scheduler's text
     stage: str
     action: str
     attempt: int
@@ -83,13 +93,29 @@ class _Attempted:
     began: float
     lost: bool  # the lease keeper saw another attempt take the row while the action ran
 
+    @functools.cached_property
+    def where(self) -> tuple[str, str, str]:
+        """``_shown_where`` of the row, made once for its log line, its outcome and its stdout line."""
+        return _shown_where(self.row)
+
     @property
     def label(self) -> str:
-        return _label(self.row)
+        return _label(self.row, self.where)
 
 
-def _label(r: Mapping[str, Any]) -> str:
-    return f"Execution {r['id']} ({r['campaign_id']}/{r['stage']}, {r['action']}, attempt {r['attempts']})"
+def _shown_where(r: Mapping[str, Any]) -> tuple[str, str, str]:
+    """A row's campaign, stage and action as every log line, failure and table of the run shows them.
+
+    The stage is anyone's text (``executions schedule --stage``, an agent's ``schedule_execution`` tool): each
+    is redacted and on one line with its control, bidi and invisible characters written visibly, so an escape
+    sequence in it cannot drive the terminal that shows the run's log, nor a line break forge another line.
+    """
+    return shown_cell(str(r["campaign_id"])), shown_cell(str(r["stage"])), shown_cell(str(r["action"]))
+
+
+def _label(r: Mapping[str, Any], where: tuple[str, str, str] | None = None) -> str:
+    campaign, stage, action = where or _shown_where(r)
+    return f"Execution {r['id']} ({campaign}/{stage}, {action}, attempt {r['attempts']})"
 
 
 def _attempt(
@@ -98,6 +124,7 @@ def _attempt(
     keeper: LeaseKeeper,
     webhook: WebhookClient,
     endpoints: Mapping[str, Endpoint | str],
+    headers_box: SecretBox | str | None = None,
 ) -> _Attempted:
     """Run one execution's action (in a worker thread, or the op's own for a computing one); the op records it."""
     began = time.monotonic()
@@ -106,7 +133,9 @@ def _attempt(
     result: Mapping[str, Any] = {}
     try:
         action = get_action(row["action"])
-        ctx = ActionContext(row["id"], row["attempts"], row["campaign_id"], row["stage"], context.log, endpoints)
+        ctx = ActionContext(
+            row["id"], row["attempts"], row["campaign_id"], row["stage"], context.log, endpoints, headers_box
+        )
         result = action.run(ctx, row["payload"], webhook)
     except ActionFailed as exc:
         error, refused = _redacted(str(exc), row["payload"]), isinstance(exc, ActionRefused)
@@ -183,9 +212,7 @@ def _report(context: dg.OpExecutionContext, done: _Attempted, status: str | None
     seconds = time.monotonic() - done.began
 
     def outcome(kind: str, detail: str) -> ExecutionOutcome:
-        return ExecutionOutcome(
-            row["id"], row["campaign_id"], row["stage"], row["action"], row["attempts"], kind, detail, seconds
-        )
+        return ExecutionOutcome(row["id"], *done.where, row["attempts"], kind, detail, seconds)
 
     if status is None:
         # Another attempt owns the row now (its lease expired); that attempt records the outcome.
@@ -232,8 +259,9 @@ def _print_successes(batch: Sequence[_Attempted], outcomes: Sequence[ExecutionOu
     the largest cost of a log execution. Failures, reschedules and lost leases stay in the event log,
     and the outcome table lists every execution.
     """
+    # One line each whatever a payload's message holds (visible_cell: a line break as \n), so none forges another.
     lines = [
-        f"{done.label} SUCCEEDED{f': {o.detail}' if o.detail else ''}.\n"
+        f"{done.label} SUCCEEDED{f': {visible_cell(o.detail)}' if o.detail else ''}.\n"
         for done, o in zip(batch, outcomes, strict=True)
         if o.outcome == "SUCCEEDED"
     ]
@@ -329,6 +357,8 @@ def perform_executions(
         if names:
             with engine.connect() as conn:
                 endpoints = open_endpoints(conn, webhook.sealing_keys, names)
+        # What opens the batch's sealed header values, made once (one key read) for all its sends.
+        headers_box = sealed_headers_box(webhook.sealing_keys, (r["payload"] for r in rows if r["action"] == "webhook"))
         with (
             LeaseKeeper(
                 engine, EXECUTIONS, sorted(taken), owner, settings.lease_seconds, on_lost=context.log.error
@@ -337,7 +367,7 @@ def perform_executions(
             ThreadPoolExecutor(max_workers=min(webhook.concurrency, len(rows))) as pool,
         ):
             waiting = [row for row in rows if _waits(row["action"])]
-            pending = {pool.submit(_attempt, context, row, keeper, webhook, endpoints) for row in waiting}
+            pending = {pool.submit(_attempt, context, row, keeper, webhook, endpoints, headers_box) for row in waiting}
             # Actions that only compute (log) run here meanwhile, recorded a chunk at a time: a thread
             # hand-off per execution cost more than the action itself.
             inline = [row for row in rows if not _waits(row["action"])]
@@ -387,10 +417,12 @@ FAILURE_MESSAGE_EXECUTIONS = 20
 def failure_description(failed: Sequence[ExecutionOutcome], total: int) -> str:
     """The run's failure message: which executions FAILED (id, campaign, reason), as a person may read it.
 
-    A reason may quote a receiver's answer: URLs are redacted and control characters written visibly.
+    A reason may quote a receiver's answer and a stage is anyone's text: each is redacted and on one line with
+    its control characters written visibly (``shown_cell``), so no execution's text can forge another's line.
     """
     lines = [
-        f"{o.execution_id} ({o.campaign_id}/{o.stage}, {o.action}, attempt {o.attempt}): {shown_text(o.detail)[:300]}"
+        f"{o.execution_id} ({shown_cell(f'{o.campaign_id}/{o.stage}, {o.action}')}, attempt {o.attempt}): "
+        f"{shown_cell(o.detail)[:300]}"
         for o in failed[:FAILURE_MESSAGE_EXECUTIONS]
     ]
     more = len(failed) - len(lines)

@@ -1,4 +1,8 @@
-"""The execution queue: scheduling (one or a file), retrying, listing, its LeaseQueue and each execution's attempts."""
+"""The execution queue: scheduling (one or a file), retrying, listing, its LeaseQueue and each execution's attempts.
+
+A webhook's header values are stored sealed under MARKETING_SECRETS_KEY (``actions.seal_headers``); scheduling
+one without a key is refused, and ``reseal_execution_headers`` seals them again after a key rotation.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any
@@ -21,10 +25,11 @@ from marketing_pipelines.db.engine import insert_ignoring_conflicts
 from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.egress import PUBLIC_ONLY, EgressPolicy
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.executions.actions import InvalidPayload, get_action
+from marketing_pipelines.executions.actions import InvalidPayload, get_action, reseal_headers, seal_headers
 from marketing_pipelines.executions.endpoints import require_endpoint
 from marketing_pipelines.leasing.lease import RETRYABLE, LeaseQueue, cancel, now_expr
 from marketing_pipelines.redact import url_origin
+from marketing_pipelines.sealing import KEY_SETTING, KeySource, SealingError, SecretBox
 from marketing_pipelines.strict_json import check_depth, loads_json, refuse_lone_surrogates
 
 EXECUTIONS = LeaseQueue(
@@ -80,6 +85,7 @@ def schedule_execution(
     max_attempts: int = 3,
     dedupe_key: str | None = None,
     egress: EgressPolicy = PUBLIC_ONLY,
+    keys: Callable[[], KeySource] | None = None,
 ) -> int:
     """Validate and insert one SCHEDULED execution; returns its id.
 
@@ -88,6 +94,13 @@ def schedule_execution(
     webhook may go: the caller's deployment's policy (``webhook_policy(settings)`` at the command line,
     the run's ``webhook`` resource in an agent's tool); left out, only public addresses, as with
     MARKETING_WEBHOOK_ALLOW_NETWORKS unset.
+
+    A webhook's header values are stored sealed with ``keys`` (called only then): the command line's
+    ``Settings.sealing_keys``, a run's ``WebhookClient.sealing_keys``. Left out, or finding no key, a payload
+    with headers is refused in one line naming MARKETING_SECRETS_KEY; like ``egress``, keys are never read
+    from the caller's environment here. The dedupe key is the caller's (an agent's is hashed over the
+    plaintext payload, ``agents.catalog.agent_execution_key``), never the stored tokens, which differ at
+    each sealing.
     """
     payload = dict(payload or {})
     for name, text in (("campaign", campaign_id), ("stage", stage), ("action", action), ("dedupe_key", dedupe_key)):
@@ -129,6 +142,9 @@ def schedule_execution(
         raise InvalidInput(f"payload is larger than {MAX_PAYLOAD_BYTES} bytes")
     if _holds_nul(payload):
         raise InvalidInput("payload holds a NUL character (\\u0000), which PostgreSQL cannot store")
+    # Sealed last: every check above (the size limit included) is of the payload as its scheduler wrote it.
+    if action == "webhook" and payload.get("headers"):
+        payload["headers"] = seal_headers(payload["headers"], _header_box(keys))
     t = marketing_execution
     now = datetime.now(UTC)
     # One statement, not a lookup then an INSERT: of concurrent first requests with one key, one inserts
@@ -157,6 +173,58 @@ def schedule_execution(
     if winner is None:
         raise RuntimeError(f"dedupe_key {dedupe_key!r} conflicted on insert but names no execution")
     return winner
+
+
+def _header_box(keys: Callable[[], KeySource] | None) -> SecretBox:
+    """What seals a webhook's header values, or InvalidInput in one line naming the key's source."""
+    if keys is None:
+        raise InvalidInput(
+            f"a webhook payload's header values are stored encrypted under {KEY_SETTING}, and this caller holds "
+            "no key; schedule it with `marketing-pipelines executions schedule`, or send to a registered endpoint "
+            "without headers"
+        )
+    try:
+        source = keys()
+        if source.text is None:
+            raise InvalidInput(
+                f"{source.missing}: a webhook payload's header values are stored encrypted; create a key with "
+                f"`marketing-pipelines webhooks new-key` and export it as {KEY_SETTING}, or put the credential "
+                "in a registered endpoint (`webhooks add`)"
+            )
+        return SecretBox.of(source)
+    except SealingError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def reseal_execution_headers(conn: sa.Connection, box: SecretBox, chunk: int = 500) -> int:
+    """Seal every webhook execution's header values under ``box``'s first key: tokens sealed under an older
+    key again, and the plain values of executions scheduled before header values were sealed, whatever the
+    execution's status. Returns how many executions changed; SealingError (naming the execution) when a token
+    opens with none of the keys, and the caller's transaction then rolls back every change: all or nothing.
+    """
+    t = marketing_execution
+    changed, after = 0, 0
+    while True:
+        rows = conn.execute(
+            sa.select(t.c.id, t.c.payload).where(t.c.action == "webhook", t.c.id > after).order_by(t.c.id).limit(chunk)
+        ).all()
+        if not rows:
+            return changed
+        after = rows[-1].id
+        for row in rows:
+            headers = row.payload.get("headers") if isinstance(row.payload, dict) else None
+            if not isinstance(headers, dict) or not headers:
+                continue
+            try:
+                resealed = reseal_headers(headers, box)
+            except SealingError as exc:
+                raise SealingError(
+                    f"execution {row.id}: {exc}; give the key it was sealed with after the new one (new,old) to "
+                    "reseal; nothing was changed"
+                ) from None
+            # The payload is written once when scheduled and never changed after, but by this: no fence needed.
+            conn.execute(sa.update(t).where(t.c.id == row.id).values(payload={**row.payload, "headers": resealed}))
+            changed += 1
 
 
 def list_executions(
@@ -574,8 +642,13 @@ def schedule_lines(
     *,
     default_max_attempts: int,
     egress: EgressPolicy = PUBLIC_ONLY,
+    keys: Callable[[], KeySource] | None = None,
 ) -> ScheduledFile:
-    """Schedule each valid line in its own savepoint, so a line the database refuses costs only itself."""
+    """Schedule each valid line in its own savepoint, so a line the database refuses costs only itself.
+
+    ``keys`` seal webhook header values, as in ``schedule_execution``; read once for the file.
+    """
+    keys = functools.cache(keys) if keys is not None else None
     new: list[int] = []
     existing: list[int] = []
     errors = [line for line in lines if isinstance(line, LineError)]
@@ -598,6 +671,7 @@ def schedule_lines(
                     max_attempts=line.max_attempts or default_max_attempts,
                     dedupe_key=key,
                     egress=egress,
+                    keys=keys,
                 )
         except InvalidInput as exc:
             errors.append(LineError(parsed.number, str(exc)))

@@ -34,7 +34,7 @@ from marketing_pipelines.leasing.lease import (
     claimed_waiting,
     new_claim_owner,
 )
-from marketing_pipelines.redact import redact_text
+from marketing_pipelines.redact import shown_text
 
 # The run's tags are run_tags' fixed set (no key per execution). A tag value is shown whole in the UI's
 # run list: past this, the campaigns tag says how many there are.
@@ -177,7 +177,8 @@ def reconcile_execution_run(
 ) -> dict[str, int]:
     """Record the outcome of every execution a Dagster run held when it ended without recording one,
     and close each one's attempt; returns how many rows got which new status."""
-    reason = redact_text(reason)  # a run's failure message may quote a webhook URL or a credential
+    # A run's failure message may quote a webhook URL, a credential or a stage: redacted, controls visible.
+    reason = shown_text(reason)
 
     def end_its_attempt(conn: sa.Connection, execution_id: int, attempt: int, status: str) -> None:
         end_attempt(conn, execution_id, attempt, attempt_outcome(status), reason)

@@ -34,6 +34,7 @@ from marketing_pipelines.leasing.lease import (
     retry_or_fail,
     take_over_many,
 )
+from marketing_pipelines.redact import shown_text
 
 logger = logging.getLogger(__name__)
 
@@ -413,6 +414,9 @@ def reconcile_run(
     carry it) and new status. ``never_started``: the run failed before its worker started
     (``run_never_started``). Returns how many rows got which status.
     """
+    # Stored as each row's error and shown by the command line and alerts: a run's failure message may quote
+    # anything (a stage, a receiver's answer), so it is redacted and its control characters written visibly.
+    reason = shown_text(reason)
     claimed_by = run.tags.get(run_tags.CLAIMED_BY, "")
     owners = [run_owner(run.run_id), claimed_by]
     statuses: dict[str, int] = {}

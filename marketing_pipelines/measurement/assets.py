@@ -42,7 +42,7 @@ from marketing_pipelines.measurement.report.rendering import funnel_markdown
 from marketing_pipelines.measurement.rollup.daily import MAX_SHOWN_COUNTS, RollupSummary, replace_rollup_days
 from marketing_pipelines.measurement.sources import SOURCES, missing_variables
 from marketing_pipelines.observable import observable_assets
-from marketing_pipelines.redact import visible_controls
+from marketing_pipelines.redact import shown_cell, visible_controls
 from marketing_pipelines.settings import Settings
 
 GROUP = "measurement"
@@ -192,9 +192,10 @@ def site_analytics(
             partition_key=day.isoformat(),
         )
     if unmapped:
+        # Plausible's utm values are whatever a visitor's link carried: each on one line, its controls visible.
         context.log.warning(
             f"utm_campaign values with no campaign (set campaign.utm_campaign to count them): "
-            f"{', '.join(sorted(unmapped)[:20])}"
+            f"{', '.join(shown_cell(value) for value in sorted(unmapped)[:20])}"
         )
     with engine.connect() as conn:
         return dg.MaterializeResult(check_results=[check_site_counts(conn, days)])

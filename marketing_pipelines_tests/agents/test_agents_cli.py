@@ -51,7 +51,7 @@ def test_show_prints_errors_and_output_whole_without_control_characters(cli: Cli
     assert "\x1b" not in shown and "\x07" not in shown
     expected = "model said: " + "x" * 200 + " \\x1b[2J\\x1b]0;owned\\x07 see https://api.example/*** end"
     assert f"        error: {expected}" in shown.splitlines()
-    assert "Line one\n\\x1b[31mred\\x1b[0m" in shown
+    assert "    | Line one\n    | \\x1b[31mred\\x1b[0m" in shown
     assert "secret" not in shown and "pw" not in shown
 
 

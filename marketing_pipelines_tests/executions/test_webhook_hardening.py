@@ -8,6 +8,7 @@ a 50 MB error body was read to quote 200 characters, and a URL's password and to
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import logging
@@ -34,12 +35,16 @@ from marketing_pipelines.executions.actions import ActionContext, ActionFailed, 
 from marketing_pipelines.executions.queue import get_execution, schedule_execution
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.redact import redact_url, redact_urls
+from marketing_pipelines.sealing import key_source, new_key
 from marketing_pipelines_tests.built import due_executions_sensor
 from marketing_pipelines_tests.executions.runs import perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.processes import child_env
 from marketing_pipelines_tests.webserver import webhook_server
 
+# Header values are stored sealed: scheduling them needs the keys, as Settings.sealing_keys finds them.
+KEY = new_key()
+KEYS = functools.partial(key_source, KEY, None)
 NONE = EgressPolicy()
 LOOPBACK = EgressPolicy(parse_networks("127.0.0.1/32"))
 EVERYTHING = EgressPolicy(parse_networks("0.0.0.0/0,::/0"))
@@ -56,6 +61,7 @@ def _schedule(engine: sa.Engine, url: str, egress: EgressPolicy, **payload: Any)
             payload={"url": url, **payload},
             max_attempts=1,
             egress=egress,
+            keys=KEYS,
         )
 
 
@@ -244,7 +250,7 @@ def test_url_credentials_and_query_are_redacted_wherever_shown(db_url: str, engi
     url = "https://user:s3cretpw@hooks.invalid/x?token=SECRETTOKEN"
     execution_id = _schedule(engine, url, NONE, headers={"Authorization": "Bearer HEADERSECRET"})
     with dg.instance_for_test() as instance:
-        result = _tick_and_run(db_url, instance, WebhookClient(timeout_s=5))
+        result = _tick_and_run(db_url, instance, WebhookClient(timeout_s=5, secrets_key=KEY))
         logs = "\n".join(e.message or "" for e in instance.all_logs(result.run_id))
         outputs = json.dumps([str(e.event_specific_data) for e in result.all_events], default=str)
     with engine.connect() as conn:

@@ -22,7 +22,7 @@ from pydantic import ConfigDict, PrivateAttr, field_validator
 from marketing_pipelines.http import HttpRetry, ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.redact import redact_text
 from marketing_pipelines.settings import Settings, api_key_problem, env_name, settings_of, shown_in_ui
-from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
+from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth, without_lone_surrogates
 
 # The most of one answer read, error answers included. An answer of max_tokens (1024 by default; 128k is the
 # largest any model offers) is a few hundred kB of JSON even with every character escaped; a 40 MB answer read
@@ -221,7 +221,8 @@ class HTTPModel(dg.ConfigurableResource):
 
 
 def api_error_message(response: httpx.Response) -> str | None:
-    # Both APIs answer errors with {"error": {"message": ...}} (Anthropic adds a top-level "type").
+    # Both APIs answer errors with {"error": {"message": ...}} (Anthropic adds a top-level "type"). A lone
+    # surrogate (\ud800 in the JSON) becomes U+FFFD: the message is stored as the run's error.
     try:
         check_text_depth(response.text, MAX_ENVELOPE_DEPTH)  # response.json() would recurse past the stack
         payload = response.json()
@@ -229,9 +230,9 @@ def api_error_message(response: httpx.Response) -> str | None:
         return None
     error = payload.get("error") if isinstance(payload, dict) else None
     if isinstance(error, dict) and isinstance(error.get("message"), str):
-        return error["message"]
+        return without_lone_surrogates(error["message"])
     if isinstance(error, str):
-        return error
+        return without_lone_surrogates(error)
     return None
 
 
@@ -260,7 +261,9 @@ def post_json(
     try:
         # Depth first: response.json() recurses per level and raises RecursionError on "[" * 10**5.
         check_text_depth(response.text, MAX_ENVELOPE_DEPTH)
-        payload = response.json()
+        # A lone surrogate (\ud800: valid JSON, not valid text) becomes U+FFFD: a model's reply is kept, and
+        # stored as it came it would fail the transcript's INSERT on PostgreSQL (DataError), and the run with it.
+        payload = without_lone_surrogates(response.json())
     except ValueError as exc:
         raise ServiceError(service, f"response was not valid JSON ({exc}): {response.text[:200]!r}") from exc
     if not isinstance(payload, dict):

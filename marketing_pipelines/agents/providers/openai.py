@@ -9,7 +9,7 @@ from marketing_pipelines.agents.providers.base import HTTPModel, ProviderSpec, i
 from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec
 from marketing_pipelines.http import ServiceError
 from marketing_pipelines.settings import setting_field, shown_in_ui
-from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_depth, check_text_depth
+from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_depth, check_text_depth, without_lone_surrogates
 
 
 @shown_in_ui
@@ -96,7 +96,7 @@ def _parse_openai_arguments(raw: object) -> tuple[dict, str | None]:
             check_depth(raw)
         except ValueError as exc:
             return {}, f"arguments {exc}"
-        return raw, None
+        return without_lone_surrogates(raw), None
     if raw is None or raw == "":
         return {}, None
     if not isinstance(raw, str):
@@ -105,7 +105,8 @@ def _parse_openai_arguments(raw: object) -> tuple[dict, str | None]:
         # Depth first: json.loads recurses per level and raises RecursionError, not ValueError, on
         # "[" * 10**5. Not loads_json: a NaN is left for the loop to refuse, in an answer the model gets.
         check_text_depth(raw)
-        parsed = json.loads(raw)
+        # Arguments are JSON inside a JSON string: \ud800 in them survives the envelope's cleaning.
+        parsed = without_lone_surrogates(json.loads(raw))
     except ValueError as exc:  # json.JSONDecodeError, or the depth
         return {}, f"invalid JSON arguments ({str(exc)[:200]})"
     if not isinstance(parsed, dict):
