@@ -204,6 +204,7 @@ _URLSAFE_TO_STANDARD = str.maketrans("-_", "+/")
 # What splits an echo over lines: a line break or the escape a JSON or Python string writes it as, with the
 # indentation around it.
 _LINE_BREAK = r"[\r\n\x0b\x0c\x85\u2028\u2029]|\\[nr]"
+_SPACES = re.compile(r"[ \t]+")
 _LINE_SPLIT = re.compile(rf"[ \t]*(?:{_LINE_BREAK})(?:[ \t]|\\t|{_LINE_BREAK})*")
 
 
@@ -348,7 +349,11 @@ class SecretSet:
         spans = self._spans(text)
         # A line break is not printable, nor is any other character _LINE_SPLIT matches but the escapes' backslash.
         if ("\\" in text or not text.isprintable()) and _LINE_SPLIT.search(text):
-            spans += self._split_spans(text)
+            spans += self._split_spans(text, _LINE_SPLIT, decode=True)
+        if " " in text:
+            # A wrapped echo whose line breaks became spaces (a snippet kept on one line): its pieces, not decoded
+            # (the words of a sentence joined would make one long run to decode).
+            spans += self._split_spans(text, _SPACES, decode=False)
         if not spans:
             return text
         spans.sort()
@@ -367,16 +372,17 @@ class SecretSet:
             shown_up_to = end
         return "".join(kept) + text[shown_up_to:]
 
-    def _split_spans(self, text: str) -> list[tuple[int, int]]:
-        """Spans of ``text`` whose characters, with the line breaks (and their escapes) between them left out, are a
-        piece or an encoded one: a key wrapped over lines, base64 broken every 76 characters. Only hex and base64
+    def _split_spans(self, text: str, separators: re.Pattern[str], *, decode: bool) -> list[tuple[int, int]]:
+        """Spans of ``text`` whose characters, with the ``separators`` between them left out, are a piece or (with
+        ``decode``) an encoded one: a key wrapped over lines, base64 broken every 76 characters. Only hex and base64
         parts are decoded here: a whole run of the joined text spans several words of ``text``."""
-        found = self._spans(_LINE_SPLIT.sub("", text), whole_runs=False)
+        joined = separators.sub("", text)
+        found = self._spans(joined, whole_runs=False) if decode else self._found(joined)
         if not found:
             return []
         starts: list[tuple[int, int]] = []  # (position in the joined text, position in text) of each segment
         length = position = 0
-        for separator in _LINE_SPLIT.finditer(text):
+        for separator in separators.finditer(text):
             starts.append((length, position))
             length += separator.start() - position
             position = separator.end()

@@ -15,9 +15,12 @@ hold no piece of it.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import urllib.parse
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import dagster as dg
 import httpx
@@ -26,17 +29,26 @@ import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.queue import request_agent_run
+from marketing_pipelines.egress import EgressPolicy, parse_networks
+from marketing_pipelines.executions.endpoints import add_endpoint
+from marketing_pipelines.executions.queue import schedule_execution
+from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.redact import remember_headers, remember_secrets, shown_text
+from marketing_pipelines.sealing import SecretBox, key_source, new_key
 from marketing_pipelines.settings import load_settings
 from marketing_pipelines_tests.agents.fake_models import anthropic_models, text_turn
 from marketing_pipelines_tests.agents.runs import run_one
+from marketing_pipelines_tests.built import due_executions_sensor
 from marketing_pipelines_tests.cli_runner import cli_for
+from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
 from marketing_pipelines_tests.factories import add_campaign, alert_for_failed_runs, dump_app_database, settings_from
+from marketing_pipelines_tests.webserver import Received, Recorder
 
 MODEL_KEY = "sk-ant-api03-Qm7Zr2Xv9Lp4Tn8Wc6Hb1Jd5Fs3Gk0Ye7Ua2Io"
 ENDPOINT_SECRET = "whsec_" + base64.b64encode(bytes(range(100, 124))).decode()
 HEADER_VALUE = "hv_9f8e7d6c5b4a39281726354453627180"
 SETTING_TOKEN = "ghp_Bare7Token3Setting9Value1Held5Here2x"
+KEY = new_key()
 
 
 def _remember_model_key(key: str) -> None:
@@ -78,6 +90,7 @@ SHAPES: dict[str, Callable[[str], str]] = {
     "split over lines": lambda s: _wrapped(s, 7),
     "split over lines, indented": lambda s: _wrapped(s, 9).replace("\n", "\n    "),
     "split with JSON \\n": lambda s: _wrapped(s, 6).replace("\n", "\\n"),
+    "split, its breaks turned to spaces (a one-line snippet)": lambda s: _wrapped(s, 7).replace("\n", " "),
     "base64 wrapped at 76": lambda s: _wrapped(base64.b64encode((s * 3).encode()).decode(), 76),
 }
 
@@ -198,3 +211,73 @@ def test_a_model_and_a_provider_echoing_the_key_in_every_shape_leave_no_piece_on
     # The surfaces hold the runs, so a search that found nothing searched them.
     assert "credentials rejected (HTTP 401)" in surfaces["alert"]
     assert "hex upper case: ***" in surfaces["app database"]
+
+
+@pytest.mark.slow
+def test_a_receiver_echoing_the_endpoint_secret_and_a_header_in_every_shape_leaves_no_piece_anywhere(
+    engine: sa.Engine, db_url: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], hook: Recorder
+) -> None:
+    """A registered endpoint whose receiver answers 401 quoting the signing secret it expected, or the header value
+    it was sent, each execution in another shape: the app database, every file of the Dagster instance (event
+    logs, compute logs), the console, the CLI's lists and shows and the alert hold no piece of either."""
+    add_campaign(engine)
+    with engine.begin() as conn:
+        signing_secret = add_endpoint(
+            conn, SecretBox(KEY), "crm", f"{hook.url}/T0/B0", EgressPolicy(parse_networks(LOCAL))
+        )
+    echoes = [
+        (secret, shape)
+        for secret in (signing_secret, HEADER_VALUE)
+        for shape in ({**SHAPES, **ENDPOINT_ONLY_SHAPES} if secret == signing_secret else SHAPES).values()
+    ]
+    hook.status = 401
+
+    def answer(received: Received) -> bytes:
+        secret, shape = echoes[received.body["n"]]
+        return f"signature mismatch: {shape(secret)}".encode()
+
+    hook.body_for = answer
+    with engine.begin() as conn:
+        for n in range(len(echoes)):
+            schedule_execution(
+                conn,
+                campaign_id="spring-launch",
+                stage="launch",
+                action="webhook",
+                due_at=datetime.now(UTC) - timedelta(seconds=5),
+                payload={"endpoint": "crm", "headers": {"X-Custom-Auth": HEADER_VALUE}, "body": {"n": n}},
+                max_attempts=1,
+                keys=functools.partial(key_source, KEY, None),
+            )
+    home = tmp_path / "dagster"
+    home.mkdir()
+    client = WebhookClient(timeout_s=5, allow_networks=LOCAL, secrets_key=KEY)
+    with dg.instance_for_test(temp_dir=str(home)) as instance:
+        results = [
+            perform(request, db_url, instance, webhook=client)
+            for request in sensor_requests(due_executions_sensor, db_url, instance)
+        ]
+        alert = alert_for_failed_runs(instance, engine)
+    captured = capfd.readouterr()
+    assert results and not any(result.success for result in results)
+    assert len(hook.received) == len(echoes)
+    cli = cli_for(db_url, MARKETING_SECRETS_KEY=KEY)
+    commands = [("executions", "list"), ("executions", "list", "--json")]
+    commands += [("executions", "show", str(n + 1), *flags) for n in range(len(echoes)) for flags in ((), ("--json",))]
+    outputs = {" ".join(c): cli(*c) for c in commands}
+    assert all(result.exit_code == 0 for result in outputs.values()), outputs
+    surfaces = {
+        "app database": dump_app_database(engine),
+        "Dagster instance files": "\n".join(p.read_bytes().decode("latin-1") for p in home.rglob("*") if p.is_file()),
+        "console": captured.out + captured.err,
+        "alert": alert,
+        **{command: result.output for command, result in outputs.items()},
+    }
+    found = {
+        place: sorted({p for secret, shape in echoes for p in traces(text, secret, shape(secret))})
+        for place, text in surfaces.items()
+    }
+    assert {place: pieces for place, pieces in found.items() if pieces} == {}
+    # The receiver's words are there, its quotes hidden: a search that found nothing searched them.
+    assert "signature mismatch: ***" in surfaces["app database"]
+    assert "compute_logs" in " ".join(str(p) for p in home.rglob("*"))

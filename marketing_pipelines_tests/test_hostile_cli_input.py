@@ -26,7 +26,7 @@ from marketing_pipelines.agents.queue import Transcript, get_agent_run, request_
 from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.schema import campaign, marketing_execution
+from marketing_pipelines.db.schema import agent_run, campaign, marketing_execution
 from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.queue import MAX_FILE_BYTES
@@ -119,6 +119,25 @@ def test_an_agent_input_with_a_lone_surrogate_is_refused(cli: Cli, db_url: str) 
         "Error: --input holds text that is not valid Unicode (a lone surrogate): '\\ud800'"
     )
     assert cli(*args, "--input", '{"stage": "launch"}').exit_code == 0
+
+
+def test_a_python_callers_agent_input_with_a_lone_surrogate_is_refused_before_any_write(engine: sa.Engine) -> None:
+    # On PostgreSQL the insert itself failed (DataError) before; now both databases refuse it in one line.
+    add_campaign(engine)
+    with engine.begin() as conn:
+        users.add_user(conn, "ana")
+        users.grant(conn, "ana", "campaign:read")
+    with engine.begin() as conn, pytest.raises(InvalidInput, match=r"^input holds text that is not valid Unicode"):
+        request_agent_run(
+            conn,
+            agent="campaign_brief",
+            campaign_id="spring-launch",
+            requested_by="ana",
+            input={"stage": "launch \ud800"},
+            settings=settings_from({}),
+        )
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(agent_run)).scalar_one() == 0
 
 
 def test_a_schedule_file_line_with_a_lone_surrogate_costs_only_itself(cli: Cli, db_url: str, tmp_path: Path) -> None:

@@ -40,6 +40,9 @@ class Recorder:
     status_for: Callable[[Received], int] | None = None
     # The response body; None: ``{"ok": <status < 300>}``.
     body: bytes | None = None
+    # Per-request body (e.g. by what was sent); ``body`` when None. Safe with concurrent requests, unlike
+    # setting ``body`` from ``on_request``.
+    body_for: Callable[[Received], bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -65,7 +68,8 @@ def webhook_server(status: int = 200, keep_alive: bool = False) -> Iterator[Reco
             if recorder.on_request:
                 recorder.on_request(item)
             status = recorder.status_for(item) if recorder.status_for else recorder.status
-            answer = recorder.body if recorder.body is not None else json.dumps({"ok": status < 300}).encode()
+            answer = recorder.body_for(item) if recorder.body_for else recorder.body
+            answer = answer if answer is not None else json.dumps({"ok": status < 300}).encode()
             self.send_response(status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(answer)))

@@ -19,6 +19,7 @@ from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.leasing.lease import RETRYABLE, LeaseQueue, cancel
 from marketing_pipelines.redact import hide_secrets
 from marketing_pipelines.settings import MODEL_PROVIDERS, Settings
+from marketing_pipelines.strict_json import refuse_lone_surrogates
 
 if TYPE_CHECKING:
     from marketing_pipelines.agents.catalog import AgentDefinition
@@ -78,6 +79,8 @@ def _checked_request(
 ) -> dict[str, Any]:
     """The request's input as the agent accepts it; InvalidInput names the first thing that is wrong."""
     payload = definition.validate_input(dict(input or {}))
+    # No database stores a lone surrogate (PostgreSQL's json refuses it mid-insert): refused here, in one line.
+    refuse_lone_surrogates(payload, "input")
     if len(json.dumps(payload)) > MAX_INPUT_BYTES:
         raise InvalidInput(f"input is larger than {MAX_INPUT_BYTES} bytes")
     # The requester's deployment's settings: a provider without a key is refused at once, not at run time.
