@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
-from marketing_pipelines.egress import EgressPolicy, EgressRefused, parse_networks
+from marketing_pipelines.egress import EgressPolicy, EgressRefused
 from marketing_pipelines.executions.signing import body_bytes, signature_header
 from marketing_pipelines.redact import (
     CONTROL_CHARACTERS,
@@ -34,7 +34,6 @@ from marketing_pipelines.redact import (
     url_origin,
 )
 from marketing_pipelines.sealing import KeySource, SealingError, SecretBox
-from marketing_pipelines.settings import Settings
 
 if TYPE_CHECKING:
     import dagster as dg
@@ -374,11 +373,6 @@ def open_headers(headers: Mapping[str, Any], box: SecretBox | str | None) -> dic
             raise ActionRefused(f"{shown} cannot be opened: its token was not sealed for this header")
         opened[name] = sealed_value
     return opened
-
-
-def webhook_policy(settings: Settings) -> EgressPolicy:
-    """The egress policy ``settings`` give, for schedule-time checks at the edge (the command line)."""
-    return EgressPolicy(parse_networks(settings.webhook_allow_networks))
 
 
 ACTIONS: dict[str, Action] = {action.name: action for action in (LogAction(), WebhookAction())}

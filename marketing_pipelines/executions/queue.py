@@ -91,7 +91,7 @@ def schedule_execution(
 
     With ``dedupe_key``, scheduling the same key again returns the existing id instead of a
     second row, so a caller that retries its request cannot double-schedule. ``egress`` is where a
-    webhook may go: the caller's deployment's policy (``webhook_policy(settings)`` at the command line,
+    webhook may go: the caller's deployment's policy (``cli.common.cli_webhook_policy()`` at the command line,
     the run's ``webhook`` resource in an agent's tool); left out, only public addresses, as with
     MARKETING_WEBHOOK_ALLOW_NETWORKS unset.
 
