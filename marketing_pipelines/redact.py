@@ -251,6 +251,8 @@ def _may_be_encoded(text: str) -> bool:
 
 # Runs whose decodings a SecretSet keeps (``SecretSet._decoded``); past this many it starts again.
 _DECODED_CACHE_SIZE = 4096
+# Texts up to this long are kept as hidden (``SecretSet._hidden``), at most _DECODED_CACHE_SIZE of them.
+_CACHED_TEXT_CHARS = 256
 _QUAD_SLICES = tuple(slice(p, p + 4) for p in range(0, 4096, 4))
 
 
@@ -281,6 +283,8 @@ class SecretSet:
         # What decoding a run found, by run: the same words recur from text to text (a campaign/stage label in
         # every execution's line), and decoding is most of what hiding costs. Emptied when a secret is added.
         self._decoded: dict[tuple[str, bool], list[tuple[int, int]]] = {}
+        # Short texts as hidden: a campaign, a stage, an action recur in every execution's line of a batch.
+        self._hidden: dict[str, str] = {}
 
     def add(self, *values: str) -> None:
         new = {v for v in values if len(v) >= self.min_chars} - self.secrets
@@ -297,7 +301,7 @@ class SecretSet:
             self._quads.update(secret[i : i + 4] for i in range(len(secret) - 3))
         self.secrets |= new
         self._short = tuple(sorted(short, key=len, reverse=True))
-        self._decoded = {}
+        self._decoded, self._hidden = {}, {}
 
     def copy(self) -> SecretSet:
         other = SecretSet(self.min_chars, self.limit)
@@ -346,6 +350,17 @@ class SecretSet:
         """``text`` with every piece of every secret, raw, split over lines or re-encoded, replaced by ``***``."""
         if not self.secrets or len(text) < self.min_chars:
             return text
+        if len(text) > _CACHED_TEXT_CHARS:
+            return self._hide(text)
+        hidden = self._hidden.get(text)
+        if hidden is None:
+            hidden = self._hide(text)
+            if len(self._hidden) >= _DECODED_CACHE_SIZE:
+                self._hidden = {}
+            self._hidden[text] = hidden
+        return hidden
+
+    def _hide(self, text: str) -> str:
         spans = self._spans(text)
         # A line break is not printable, nor is any other character _LINE_SPLIT matches but the escapes' backslash.
         if ("\\" in text or not text.isprintable()) and _LINE_SPLIT.search(text):
