@@ -47,6 +47,21 @@ def _checked_name(name: str) -> str:
     return name
 
 
+def refuse_user_info(url: str, named: str, credential_place: str) -> None:
+    """InvalidInput when ``url`` holds ``user:password@``, naming it as ``named``. A send connects to the checked
+    address and never carries user info (webhook.WebhookClient.post): accepted, the credential would be dropped
+    silently at every delivery. A URL that does not split is left to the URL checks, which name that."""
+    try:
+        netloc = urlsplit(url).netloc
+    except ValueError:
+        return
+    if "@" in netloc:
+        raise InvalidInput(
+            f"{named} {url_origin(url)} holds user info (user:password@), which deliveries never send; "
+            f"put the credential in the URL's path or query, or in a header of {credential_place}"
+        )
+
+
 def add_endpoint(
     conn: sa.Connection,
     box: SecretBox,
@@ -62,13 +77,7 @@ def add_endpoint(
         check_webhook_url(url, egress)
     except InvalidPayload as exc:
         raise InvalidInput(str(exc)) from None
-    if "@" in urlsplit(url).netloc:
-        # A send connects to the checked address and never carries user info (webhook.WebhookClient.post):
-        # accepting it would drop the credential silently at every delivery.
-        raise InvalidInput(
-            f"webhook URL {url_origin(url)} holds user info (user:password@), which deliveries never send; "
-            "put the credential in the URL's path or query, or in a header of the execution's payload"
-        )
+    refuse_user_info(url, "webhook URL", "the execution's payload")
     if campaign_id is not None:
         require_campaign(conn, campaign_id)
     if conn.execute(sa.select(webhook_endpoint.c.name).where(webhook_endpoint.c.name == name)).first():

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import IO, Any
-from urllib.parse import urlsplit
 
 import sqlalchemy as sa
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -26,9 +25,8 @@ from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_executio
 from marketing_pipelines.egress import PUBLIC_ONLY, EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import InvalidPayload, get_action, reseal_headers, seal_headers
-from marketing_pipelines.executions.endpoints import require_endpoint
+from marketing_pipelines.executions.endpoints import refuse_user_info, require_endpoint
 from marketing_pipelines.leasing.lease import RETRYABLE, LeaseQueue, cancel, now_expr
-from marketing_pipelines.redact import url_origin
 from marketing_pipelines.sealing import KEY_SETTING, KeySource, SealingError, SecretBox
 from marketing_pipelines.strict_json import check_depth, loads_json, refuse_lone_surrogates
 
@@ -362,23 +360,14 @@ def cancel_execution(conn: sa.Connection, execution_id: int, reason: str) -> str
 
 
 def refuse_webhook_user_info(action: str, payload: Mapping[str, Any]) -> None:
-    """Refuse a webhook's raw ``url`` with ``user:password@``, as ``webhooks add`` refuses it for an endpoint.
-
-    A send connects to the checked address and never carries user info (webhook.WebhookClient.post):
-    accepted, the credential would be dropped silently at every delivery. Checked where a person writes
-    the payload (the command line, each line of a schedule file); ``schedule_execution`` still takes one
-    from Python code, which the redaction tests use to plant such a URL (test_no_secret_shown.py).
+    """Refuse a webhook's raw ``url`` with ``user:password@``, as ``webhooks add`` refuses it for an endpoint
+    (``endpoints.refuse_user_info``). Checked where a person writes the payload (the command line, each line of a
+    schedule file); ``schedule_execution`` still takes one from Python code, which the redaction tests use to
+    plant such a URL (test_no_secret_shown.py).
     """
     url = payload.get("url") if action == "webhook" else None
-    try:
-        netloc = urlsplit(url).netloc if isinstance(url, str) else ""
-    except ValueError:  # not a URL: the action's own validation names that
-        return
-    if "@" in netloc:
-        raise InvalidInput(
-            f"webhook 'url' {url_origin(url)} holds user info (user:password@), which deliveries never send; "
-            "put the credential in the URL's path or query, or in a header of the payload"
-        )
+    if isinstance(url, str):
+        refuse_user_info(url, "webhook 'url'", "the payload")
 
 
 def _holds_nul(value: Any) -> bool:
