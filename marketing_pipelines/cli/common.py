@@ -46,8 +46,8 @@ def known_error(exc: Exception) -> bool:
     )
 
 
-class CheckedCommand(click.Command):
-    """A command whose text arguments must be valid UTF-8 (``refuse_undecodable``); every group's default."""
+class _Utf8Arguments(click.Command):
+    """Text arguments must be valid UTF-8 (``refuse_undecodable``), checked once they are parsed."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         rest = super().parse_args(ctx, args)
@@ -55,16 +55,16 @@ class CheckedCommand(click.Command):
         return rest
 
 
-class FriendlyGroup(click.Group):
+class CheckedCommand(_Utf8Arguments):
+    """A command whose text arguments must be valid UTF-8; every group's default."""
+
+
+class FriendlyGroup(_Utf8Arguments, click.Group):
     """Turns the project's known errors into one clear ``Error: ...`` line and exit code 1, and usage errors
-    (a missing option, a bad value, an unknown command) into one line and exit code 2."""
+    (a missing option, a bad value, an unknown command) into one line and exit code 2; its own text arguments
+    and its commands' must be valid UTF-8."""
 
     command_class = CheckedCommand
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        rest = super().parse_args(ctx, args)
-        refuse_undecodable(ctx)
-        return rest
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         # The root's own options are parsed here, outside any group's invoke.
