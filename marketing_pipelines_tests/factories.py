@@ -99,6 +99,21 @@ def request_offline_analysis(conn: sa.Connection, requested_by: str, campaign_id
     )
 
 
+def request_brief(conn: sa.Connection, provider: str = "anthropic", requested_by: str = "ana", **kw: Any) -> int:
+    """One queued campaign_brief run (spring-launch, stage launch) on ``provider``, requested where the provider
+    is configured: the key the run sends is its provider resource's, not these settings'."""
+    return request_agent_run(
+        conn,
+        agent="campaign_brief",
+        campaign_id="spring-launch",
+        requested_by=requested_by,
+        input={"stage": "launch"},
+        provider=provider,
+        settings=settings_from({"ANTHROPIC_API_KEY": "k", "OPENAI_API_KEY": "k"}),
+        **kw,
+    )
+
+
 def replace_rollup_day(engine: sa.Engine, day: date) -> RollupSummary:
     """Rebuild one day of ``measurement_daily_rollup``, then its week, as a range run does for each of its days."""
     [summary] = replace_rollup_days(engine, [day])

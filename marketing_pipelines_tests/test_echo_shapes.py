@@ -28,7 +28,6 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
-from marketing_pipelines.agents.queue import request_agent_run
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.executions.endpoints import add_endpoint
 from marketing_pipelines.executions.queue import schedule_execution
@@ -41,7 +40,12 @@ from marketing_pipelines_tests.agents.runs import run_one
 from marketing_pipelines_tests.built import due_executions_sensor
 from marketing_pipelines_tests.cli_runner import cli_for
 from marketing_pipelines_tests.executions.runs import LOCAL, perform, sensor_requests
-from marketing_pipelines_tests.factories import add_campaign, alert_for_failed_runs, dump_app_database, settings_from
+from marketing_pipelines_tests.factories import (
+    add_campaign,
+    alert_for_failed_runs,
+    dump_app_database,
+    request_brief,
+)
 from marketing_pipelines_tests.webserver import Received, Recorder
 
 MODEL_KEY = "sk-ant-api03-Qm7Zr2Xv9Lp4Tn8Wc6Hb1Jd5Fs3Gk0Ye7Ua2Io"
@@ -171,16 +175,7 @@ def test_a_model_and_a_provider_echoing_the_key_in_every_shape_leave_no_piece_on
 
     def requested_and_run(answer: Callable[[int, dict], httpx.Response]) -> tuple[int, dg.ExecuteInProcessResult]:
         with engine.begin() as conn:
-            run_id = request_agent_run(
-                conn,
-                agent="campaign_brief",
-                campaign_id="spring-launch",
-                requested_by="ana",
-                input={"stage": "launch"},
-                provider="anthropic",
-                max_attempts=1,
-                settings=settings_from({"ANTHROPIC_API_KEY": "k"}),
-            )
+            run_id = request_brief(conn, max_attempts=1)
         return run_id, run_one(db_url, instance, anthropic_models(answer, MODEL_KEY))
 
     # The first run's model answers with the key in every shape; the second run's provider rejects the key,

@@ -14,12 +14,12 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.agents import users
-from marketing_pipelines.agents.queue import get_agent_run, request_agent_run, transcript
+from marketing_pipelines.agents.queue import get_agent_run, transcript
 from marketing_pipelines.redact import redact_text, redact_value, remember_secrets, shown_text
 from marketing_pipelines.settings import load_settings
 from marketing_pipelines_tests.agents.fake_models import rejecting_models
 from marketing_pipelines_tests.agents.runs import run_one
-from marketing_pipelines_tests.factories import add_campaign, alert_for_failed_runs, settings_from
+from marketing_pipelines_tests.factories import add_campaign, alert_for_failed_runs, request_brief
 
 # Shaped like each provider's keys; nothing else in the run holds them.
 KEYS = {
@@ -39,16 +39,7 @@ def test_a_key_the_provider_echoes_shows_nowhere(
         users.grant(conn, "ana", "campaign:read")
         # The request only needs the provider configured; the key the run sends is the resource's alone, so
         # what hides it is the run having sent it (http.send_with_retries), not these settings.
-        agent_run_id = request_agent_run(
-            conn,
-            agent="campaign_brief",
-            campaign_id="spring-launch",
-            requested_by="ana",
-            input={"stage": "launch"},
-            provider=provider,
-            max_attempts=1,
-            settings=settings_from({"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"}),
-        )
+        agent_run_id = request_brief(conn, provider, max_attempts=1)
 
     result = run_one(db_url, instance, rejecting_models(provider, key))
 

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from marketing_pipelines.agents import token_bucket, users
 from marketing_pipelines.agents.jobs import STATUS_CHECK_S, OutOfTime, RunClock, RunEnded
 from marketing_pipelines.agents.providers.base import MAX_ANSWER_BYTES, AnswerRefused
-from marketing_pipelines.agents.queue import get_agent_run, request_agent_run
+from marketing_pipelines.agents.queue import get_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines_tests.agents.fake_models import (
     ANTHROPIC_TEXT,
@@ -29,7 +29,7 @@ from marketing_pipelines_tests.agents.fake_models import (
     text_turn,
 )
 from marketing_pipelines_tests.agents.runs import output_metadata, run_one
-from marketing_pipelines_tests.factories import add_campaign, settings_from
+from marketing_pipelines_tests.factories import add_campaign, request_brief
 
 HOUR_HINT = httpx.Response(429, headers={"retry-after": "3600"}, json={"error": {"message": "slow down"}})
 # Far below the 3600 s hint: a run that returns within it did not sleep the hint (the old code slept it all).
@@ -47,16 +47,7 @@ def ana(engine: sa.Engine) -> sa.Engine:
 
 def _request(engine: sa.Engine, max_run_seconds: int = 120) -> int:
     with engine.begin() as conn:
-        return request_agent_run(
-            conn,
-            agent="campaign_brief",
-            campaign_id="spring-launch",
-            requested_by="ana",
-            input={"stage": "launch"},
-            provider="anthropic",
-            max_run_seconds=max_run_seconds,
-            settings=settings_from({"ANTHROPIC_API_KEY": "k"}),
-        )
+        return request_brief(conn, max_run_seconds=max_run_seconds)
 
 
 def _row(engine: sa.Engine, agent_run_id: int) -> sa.RowMapping:
