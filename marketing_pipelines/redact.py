@@ -269,9 +269,9 @@ class SecretSet:
 
     A piece is found by its 12-character windows: a window holds the 4-character pieces starting at the two
     multiples of 4 after its start, so the text is walked 4 characters at a time and a window is looked up only
-    where two such quads of some secret follow each other (text holding no secret costs a quarter of its length in
-    set lookups). An encoded piece is found by decoding each run of non-space characters that could hold one, and
-    hides the whole run.
+    where two such quads of some secret follow each other (text holding none of the secrets' quads at those places
+    costs one set operation). An encoded piece is found by decoding each run of non-space characters that could hold
+    one, and hides the encoded part (the whole run for URL-encoding, escapes and references; the hex or base64 part).
     """
 
     def __init__(self, min_chars: int, limit: int | None = None) -> None:
