@@ -15,6 +15,7 @@ freshness sensors' minimum interval, and the freshness check's threshold).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
@@ -25,7 +26,6 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator
-from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from marketing_pipelines.egress import api_root_problem, parse_networks
@@ -433,18 +433,40 @@ def setting_field(name: str) -> Any:
     name, never the value.
     """
     info, secret = Settings.model_fields[name], is_secret(name)
-    # Dagster's config holds lists, not tuples: a setting's tuple default is the resource field's list.
-    default = list(info.default) if isinstance(info.default, tuple) else info.default
-    field = FieldInfo.merge_field_infos(
-        info,
-        default=default,
+    # The setting's field as Field() arguments (pydantic's supported way to derive a field from another;
+    # FieldInfo.merge_field_infos is deprecated), with its constraints given back as the keywords they came from.
+    arguments = {**info.asdict()["attributes"], **_constraint_arguments(name, info.metadata)}
+    arguments.update(
+        # Dagster's config holds lists, not tuples: a setting's tuple default is the resource field's list.
+        default=list(info.default) if isinstance(info.default, tuple) else info.default,
         description=f"{info.description} Env var: {env_name(name)}{' (shown by name only)' if secret else ''}.",
         json_schema_extra={_SETTING: name},
+        # A service's variable is the setting's alias; the resource's field keeps its own name.
+        alias=None,
+        alias_priority=None,
+        validation_alias=None,
+        serialization_alias=None,
     )
-    # A service's variable is the setting's alias; the resource's field keeps its own name.
-    field.alias = field.validation_alias = field.serialization_alias = None
-    field.alias_priority = None
-    return field
+    return Field(**arguments)
+
+
+def _constraint_arguments(name: str, metadata: list[Any]) -> dict[str, Any]:
+    """The ``Field()`` keywords that give a field the constraints setting ``name`` holds (``ge=1`` for ``Ge(1)``).
+
+    ``Field()`` turns its constraint keywords into metadata objects whose attributes carry the keywords'
+    names (``annotated_types.Ge(ge=1)``, ``AllowInfNan(allow_inf_nan=False)``, one object holding
+    ``pattern`` and ``max_digits``), so each object's attributes are the keywords that made it.
+    """
+    arguments: dict[str, Any] = {}
+    for constraint in metadata:
+        if constraint is NoDecode:
+            # How pydantic-settings parses the variable; a resource's config is never read from one.
+            continue
+        if isinstance(constraint, type):
+            raise TypeError(f"setting {name}: {constraint!r} is a marker, not a constraint Field() takes")
+        # Ge, Le, AllowInfNan... are dataclasses; pattern= and max_digits= share one plain object.
+        arguments.update(dataclasses.asdict(constraint) if dataclasses.is_dataclass(constraint) else vars(constraint))
+    return arguments
 
 
 def settings_of(resource_class: type) -> dict[str, str]:

@@ -6,8 +6,7 @@ import functools
 import shutil
 import subprocess
 
-import pytest
-
+from marketing_pipelines_tests.machine import require_or_skip
 from marketing_pipelines_tests.processes import REPO_ROOT
 
 TAG = "marketing-pipelines:test"
@@ -22,7 +21,7 @@ def docker(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
 
 def require_engine() -> None:
     if shutil.which("docker") is None or docker("info", timeout=20).returncode != 0:
-        pytest.skip(NO_ENGINE)
+        require_or_skip(NO_ENGINE)
 
 
 def compose_command() -> list[str]:
@@ -32,7 +31,7 @@ def compose_command() -> list[str]:
         return ["docker", "compose"]
     if shutil.which("docker-compose"):
         return ["docker-compose"]
-    pytest.skip("no Docker Compose (Debian: apt-get install docker-compose; or Docker's compose plugin)")
+    require_or_skip("no Docker Compose (Debian: apt-get install docker-compose; or Docker's compose plugin)")
 
 
 @functools.cache
@@ -62,6 +61,6 @@ def built_image() -> str:
     require_engine()
     tag, failure = _build()
     if failure.startswith("skip: "):
-        pytest.skip(failure.removeprefix("skip: "))
+        require_or_skip(failure.removeprefix("skip: "))
     assert tag, failure
     return tag

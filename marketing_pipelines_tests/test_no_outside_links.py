@@ -28,6 +28,7 @@ from marketing_pipelines.measurement.report.rendering import funnel_markdown
 from marketing_pipelines.monitoring.alerts import Alert, CheckChange, FailedRun, format_alert, mrkdwn
 from marketing_pipelines.redact import unlinkable
 from marketing_pipelines_tests.factories import add_campaign, replace_rollup_day
+from marketing_pipelines_tests.machine import require_or_skip
 from marketing_pipelines_tests.measurement.generated import materialize_rollup
 from marketing_pipelines_tests.processes import REPO_ROOT, child_env, dagster_bin, free_port, running, start, wait_for
 
@@ -213,8 +214,9 @@ def _server_up(client: httpx.Client) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install -y chromium)")
 def test_the_ui_renders_hostile_stage_names_as_text_not_links(tmp_path: Path, sqlite_template: Path) -> None:
+    if CHROMIUM is None:
+        require_or_skip("chromium is not installed (Debian: apt-get install -y chromium)")
     home = tmp_path / "dagster_home"
     home.mkdir()
     # The project's instance config, without the community pop-up that would cover the page in the screenshot.

@@ -30,6 +30,7 @@ from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines_tests.built import DEFS
 from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.machine import require_or_skip
 from marketing_pipelines_tests.processes import (
     REPO_ROOT,
     Child,
@@ -182,7 +183,7 @@ def test_a_replica_killed_while_work_is_launched_costs_no_execution_and_no_lease
 ) -> None:
     haproxy = shutil.which("haproxy")
     if haproxy is None:
-        pytest.skip("haproxy is not installed (Debian: apt-get install haproxy)")
+        require_or_skip("haproxy is not installed (Debian: apt-get install haproxy)")
     engine = get_engine(pg_url)
     due = _due_webhooks(engine, hook.url, EXECUTIONS)
     dagster_url, dagster_env = dagster_pg
@@ -319,7 +320,7 @@ def test_a_replica_that_dies_after_its_claim_commits_strands_nothing(
     # then SIGKILLed. Every execution must still succeed, each once, within 30 s of the kill.
     haproxy = shutil.which("haproxy")
     if haproxy is None:
-        pytest.skip("haproxy is not installed (Debian: apt-get install haproxy)")
+        require_or_skip("haproxy is not installed (Debian: apt-get install haproxy)")
     engine = get_engine(pg_url)
     due = _due_webhooks(engine, hook.url, 20)
     dagster_url, dagster_env = dagster_pg

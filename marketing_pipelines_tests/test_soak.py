@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from marketing_pipelines_tests.machine import require_or_skip
+
 SOAK = Path(__file__).resolve().parents[1] / "benchmarks" / "soak.py"
 ARGS = [
     *("--executions", "200", "--per-run", "50", "--spread", "60"),
@@ -47,9 +49,9 @@ def can_restart_postgres(pg_database: str) -> None:
     # Skipped, like test_replica_failover.py, where the machine lacks a part: on a fresh machine the
     # README's test command passes without them.
     if shutil.which("haproxy") is None:
-        pytest.skip("haproxy is not installed (Debian: apt-get install haproxy)")
+        require_or_skip("haproxy is not installed (Debian: apt-get install haproxy)")
     if os.geteuid() != 0 or shutil.which("pg_ctlcluster") is None:
-        pytest.skip("the soak restarts PostgreSQL with pg_ctlcluster, which needs root")
+        require_or_skip("the soak restarts PostgreSQL with pg_ctlcluster, which needs root")
 
 
 @pytest.mark.slow
