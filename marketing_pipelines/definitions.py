@@ -13,6 +13,7 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions import defs as executions
 from marketing_pipelines.measurement import defs as measurement
 from marketing_pipelines.monitoring import defs as monitoring
+from marketing_pipelines.monitoring import retention
 from marketing_pipelines.settings import Settings, current_settings, resource_from_settings
 
 # Dagster 1.13.27 re-creates every sensor that targets a job while attaching resources and passes
@@ -30,6 +31,7 @@ def build_defs(settings: Settings) -> dg.Definitions:
         agents.build_defs(settings),
         measurement.build_defs(settings),
         monitoring.build_defs(settings),
+        retention.build_defs(settings),
         dg.Definitions(
             # Shared by every domain; the URL is an EnvVar, so it never shows in run config (see AppDatabase).
             resources={"app_db": resource_from_settings(AppDatabase, settings)},

@@ -175,6 +175,14 @@ class Settings(BaseSettings):
     dagster_ui_url: str | None = Field(
         None, description="Base URL of the Dagster UI, for links to runs (e.g. http://127.0.0.1:3000)."
     )
+    history_retention_days: int = Field(
+        90,
+        ge=1,
+        le=3650,
+        description="Days the history of finished work is kept (finished executions and their attempts, finished "
+        "agent runs and their transcripts, rejected event-file lines); history_purge_schedule deletes older rows "
+        "daily.",
+    )
     # Trust at the boundary: registered webhook endpoints are stored sealed and sign what they send.
     secrets_key: SecretStr | None = Field(
         None,

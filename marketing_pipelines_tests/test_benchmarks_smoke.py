@@ -30,6 +30,7 @@ TINY = {
     "per_execution.py": ["--executions", "20", "--repeat", "1"],
     "pool_claim_race.py": ["--rounds", "3", "--processes", "3"],
     "alert_tick.py": ["--runs", "2", "--repeat", "1"],
+    "table_growth.py": ["--executions", "1000", "--agent-runs", "2", "--tick-copies", "20"],
 }
 
 

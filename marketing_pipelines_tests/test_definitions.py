@@ -34,7 +34,13 @@ ASSET_CHECKS = {check for check in IMPORTER_CHECKS if check[0] in CONFIGURED} | 
     ("agent_run_queue", "due_lag"),
     ("agent_run_queue", "failed_last_hour"),
 }
-JOBS = {"marketing_execution_job", "agent_run_job", "measurement_daily_job", "measurement_rollup_job"}
+JOBS = {
+    "marketing_execution_job",
+    "agent_run_job",
+    "measurement_daily_job",
+    "measurement_rollup_job",
+    "history_purge_job",
+}
 SENSORS = {
     "due_executions_sensor",
     "execution_run_failure_sensor",
@@ -47,7 +53,7 @@ SENSORS = {
     "queue_health_sensor",
     "marketing_alerts_sensor",
 }
-SCHEDULES = {"measurement_daily_schedule"}
+SCHEDULES = {"measurement_daily_schedule", "history_purge_schedule"}
 # The one list to update when a resource is added or renamed.
 RESOURCES = [
     "agent_settings",
@@ -57,6 +63,7 @@ RESOURCES = [
     "execution_settings",
     "github",
     "health_settings",
+    "history_retention",
     "offline_model",
     "openai_model",
     "plausible",
