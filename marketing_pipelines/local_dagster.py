@@ -7,13 +7,14 @@ daemon launched is a run of the UI's jobs, and a sensor tick it made is in that 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from datetime import date
 from pathlib import Path
@@ -36,20 +37,28 @@ LOCATION_NAME = "marketing_pipelines.definitions"
 DEMO_RECEIVER_ADDRESS = "127.0.0.2"
 
 # The instance config of the demo's Dagster home, the one `marketing-pipelines ui` opens too: the
-# repository's dagster.yaml settings (telemetry off, run monitoring, pools, the fast run queue).
+# repository's dagster.yaml settings (telemetry off, run monitoring, pools, the fast run queue) but for
+# the daemon's worker threads. Dagster 1.13.27's daemon closes its workspace before it drains the thread
+# pools of sensors, the run queue and backfills (dagster/_daemon/controller.py enters the daemons before
+# the workspace, so they exit after it): a stop (Ctrl-C, `kill`) that lands while a pool holds a sensor
+# tick stored that tick as FAILURE ("Location ... does not exist in workspace"), and would fail a run
+# being dequeued or a backfill the same way. On the daemon's own thread the controller waits for the
+# tick before the workspace goes; a tick the stop cuts is left STARTED, and the next start moves it
+# to SKIPPED. Ten sensors one after another fit in the sensor loop's 5 s on a local machine.
 DAGSTER_YAML = """\
-# Written by marketing-pipelines for the demo and `marketing-pipelines ui`; the same settings as the
-# repository's dagster.yaml. Storage: SQLite files in this folder.
+# Written by marketing-pipelines for the demo and `marketing-pipelines ui`: the repository's dagster.yaml
+# without the daemon's thread pools, so that stopping it stores no tick, run or backfill as failed.
+# Storage: SQLite files in this folder.
 run_coordinator:
   module: dagster.core.run_coordinator
   class: QueuedRunCoordinator
   config:
     dequeue_interval_seconds: 1
-    dequeue_use_threads: true
-    dequeue_num_workers: 4
+    dequeue_use_threads: false
 sensors:
-  use_threads: true
-  num_workers: 4
+  use_threads: false
+backfills:
+  use_threads: false
 run_monitoring:
   enabled: true
   poll_interval_seconds: 5
@@ -63,15 +72,34 @@ concurrency:
     max_concurrent_runs: 10
 telemetry:
   enabled: false
+# Ticks purged by the daemon as the repository's dagster.yaml says why (docs/OPERATIONS.md, "Retention").
+retention:
+  schedule:
+    purge_after_days: 90
+  sensor:
+    purge_after_days:
+      skipped: 1
+      success: 7
+      failure: 30
+      started: 30
 """
+# SHA-256 of the DAGSTER_YAML texts earlier versions wrote (with the daemon's thread pools): such a file
+# is replaced by the current one; a file someone edited is left as it is.
+EARLIER_DAGSTER_YAMLS = frozenset(
+    {
+        "ddf7b5034e34714fc3009efe345b9b717bf6ce0075bfca064c1fc5c649db70b1",
+        "3184e88eb8d151ef5fcf8a42f8a07393156bdddb912a5bcfb11251f66f106466",
+    }
+)
 
 
 def dagster_home(cwd: Path | None = None) -> Path:
-    """``.marketing/dagster_home`` beside the embedded database, with its dagster.yaml (written once)."""
+    """``.marketing/dagster_home`` beside the embedded database, with its dagster.yaml (written once,
+    and again over a version an earlier release wrote and nobody edited)."""
     home = (cwd or Path.cwd()) / DEFAULT_DB_DIR / "dagster_home"
     home.mkdir(parents=True, exist_ok=True)
     config = home / "dagster.yaml"
-    if not config.exists():
+    if not config.exists() or hashlib.sha256(config.read_bytes()).hexdigest() in EARLIER_DAGSTER_YAMLS:
         config.write_text(DAGSTER_YAML)
     return home
 
@@ -101,20 +129,39 @@ def local_environment(
     }
 
 
+def database_problem(current: Settings) -> str | None:
+    """Why the sensors would skip their ticks on the settings' database (no SQLite file, unreachable, schema
+    not current), naming the command that fixes it; None when it is ready. Only reads: a missing file stays missing."""
+    from marketing_pipelines.db.engine import DatabaseUnavailable, get_engine
+    from marketing_pipelines.db.schema_version import SchemaNotReady, ensure_schema_current
+
+    engine = get_engine(current.resolved_database_url)
+    try:
+        ensure_schema_current(engine)  # checks that a SQLite file is there before connecting to it
+    except (DatabaseUnavailable, SchemaNotReady) as exc:
+        return str(exc)
+    finally:
+        engine.dispose()
+    return None
+
+
 def measurement_start(current: Settings) -> date | None:
     """The first day with events when MARKETING_MEASUREMENT_START_DATE is not set (and the schema is there)."""
     import sqlalchemy as sa
 
-    from marketing_pipelines.db.engine import get_engine
+    from marketing_pipelines.db.engine import DatabaseUnavailable, check_connection, get_engine
     from marketing_pipelines.measurement.events.write import first_event_day
 
     if "measurement_start_date" in current.model_fields_set:
         return None
     engine = get_engine(current.resolved_database_url)
     try:
+        # Connecting to a SQLite file that is not there would create it, empty: only `db upgrade` and the
+        # demo create the database.
+        check_connection(engine)
         with engine.connect() as conn:
             return first_event_day(conn)
-    except sa.exc.SQLAlchemyError:  # no database or no schema yet: the setting's default stands
+    except (DatabaseUnavailable, sa.exc.SQLAlchemyError):  # no database or no schema yet: the default stands
         return None
     finally:
         engine.dispose()
@@ -212,3 +259,70 @@ def code_location(
             _stop(process)
         if start_daemon:
             instance.wipe_daemon_heartbeats()
+
+
+# How long this waits for dagster dev's code server after dagster dev has exited: dagster dev asks it to stop
+# last and does not wait for it. It exits once the runs it started have ended, a moment later when none
+# runs; one that outlasts this finishes them in the background, as it did when `ui` exec'ed dagster dev.
+GROUP_LINGER_S = 10.0
+
+
+def _group_alive(pgid: int) -> bool:
+    # Reaps first: as a container's PID 1 this process inherits the group's orphans, which stay zombies
+    # (and the group alive) until their parent waits for them.
+    with suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def serve_in_own_group(argv: Sequence[str]) -> int:
+    """Run ``argv`` (`marketing-pipelines ui`'s dagster dev) in a process group of its own, stop it with one
+    SIGINT to it alone on SIGINT, SIGTERM or SIGHUP to this process (SIGKILL to its group on a second), and
+    return its exit status once its group is gone or ``GROUP_LINGER_S`` after it exited.
+
+    Ctrl-C signals a terminal's whole foreground group: with dagster dev in it, its code server went at the
+    same moment as its daemon, and the sensor tick the daemon was evaluating on it was stored as FAILURE.
+    Signalled alone, dagster dev stops its webserver and daemon, waits for them, and then its code server.
+    """
+    child: subprocess.Popen[bytes] | None = None
+    received = 0
+    interrupted = False
+
+    def forward() -> None:
+        nonlocal interrupted
+        if child is None or received == 0:
+            return
+        if received == 1 and not interrupted:
+            interrupted = True
+            with suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGINT)
+        elif received > 1:
+            with suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal received
+        received += 1
+        forward()
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signum == signal.SIGHUP and signal.getsignal(signum) is signal.SIG_IGN:
+            continue  # `nohup marketing-pipelines ui`: a hangup stays ignored, here and in dagster dev
+        signal.signal(signum, on_signal)
+    # Started with the default handlers (this process's are Python's, which exec resets).
+    child = subprocess.Popen(list(argv), start_new_session=True)
+    forward()  # a signal that came while it was starting
+    status = child.wait()
+    deadline = time.monotonic() + GROUP_LINGER_S
+    while _group_alive(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return status if status >= 0 else 128 - status
+
+
+if __name__ == "__main__":
+    sys.exit(serve_in_own_group(sys.argv[1:]))

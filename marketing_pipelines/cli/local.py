@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from marketing_pipelines.cli.common import CheckedCommand, settings
+from marketing_pipelines.cli.common import CheckedCommand, settings, visible
 
 
 @click.command("ui", cls=CheckedCommand)
@@ -27,11 +27,17 @@ def ui_command(port: int) -> None:
     Example:
       marketing-pipelines ui            # then open http://127.0.0.1:3000
     """
-    from marketing_pipelines.local_dagster import dagster_home, local_environment, measurement_start
+    from marketing_pipelines.local_dagster import dagster_home, database_problem, local_environment, measurement_start
 
     home, current = dagster_home(), settings()
     ui_url = f"http://127.0.0.1:{port}"
-    env = local_environment(current, home, measurement_start(current), ui_url=ui_url)
+    # The UI serves without the application database (its definitions, the instance's history); the sensors
+    # skip their ticks until it is there. Only `db upgrade` and the demo create it, so this says what to run.
+    problem = database_problem(current)
+    if problem is not None:
+        demo = "`marketing-pipelines demo` creates and fills it"
+        click.echo(f"Note: {visible(problem)}; until then the sensors skip their ticks ({demo})", err=True)
+    env = local_environment(current, home, None if problem else measurement_start(current), ui_url=ui_url)
     dagster = Path(sys.executable).parent / "dagster"
     # `dagster dev` warns on every start that it is superseded by `dg dev`, which serves only from inside a
     # dg project's folder, not from the installed package in any folder as this command does: nothing for
@@ -50,11 +56,15 @@ def ui_command(port: int) -> None:
     # SIGINT, an ignored signal stays ignored across exec, and dagster dev copies SIGINT's disposition
     # onto SIGTERM (dagster._utils.interrupts.setup_interrupt_handlers) for itself and every child: an
     # operator's kill, systemd's stop or docker stop would never stop it. A Python handler, unlike
-    # SIG_IGN, is reset to the default by exec, so dagster dev starts with both signals at the default
-    # (SIGINT a KeyboardInterrupt, which ends its services); in-process tests keep their own handlers.
+    # SIG_IGN, is reset to the default by exec, so what runs next starts with both signals at the
+    # default; in-process tests keep their own handlers.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.execve(sys.executable, argv, env)  # dagster dev owns the terminal and its signals from here
+    # dagster dev runs in a process group of its own under serve_in_own_group, which turns this process's
+    # SIGINT (Ctrl-C), SIGTERM or SIGHUP into one SIGINT to dagster dev alone: signalled together with its
+    # code server, its daemon stored the sensor tick it was evaluating as FAILURE.
+    serve = [sys.executable, "-m", "marketing_pipelines.local_dagster"]
+    os.execve(sys.executable, [*serve, *argv], env)
 
 
 @click.command("demo", cls=CheckedCommand)
