@@ -33,7 +33,7 @@ from marketing_pipelines.agents.users import get_user
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.http import RateLimited, ServiceError
-from marketing_pipelines.leasing.claims import take_over_rows
+from marketing_pipelines.leasing.claims import run_ended_check, take_over_rows
 from marketing_pipelines.leasing.lease import LeaseKeeper, finish, retry_or_fail
 from marketing_pipelines.redact import hide_secrets, redact_text, shown_text
 
@@ -322,7 +322,18 @@ def run_agent(
 
     steps = Transcript(engine, agent_run_id, attempt.attempt)
     clock = RunClock.of_run(context, row["max_run_seconds"])
-    with LeaseKeeper(engine, AGENT_RUNS, agent_run_id, taken.owner, lease_s, on_lost=context.log.warning) as keeper:
+    # The keeper stops renewing once Dagster ended the run (run_ended_check), so the run-failure sensor's
+    # shortened lease (leasing.claims.reconcile_run) is not lengthened again by a worker on its way out.
+    with LeaseKeeper(
+        engine,
+        AGENT_RUNS,
+        agent_run_id,
+        taken.owner,
+        lease_s,
+        on_lost=context.log.warning,
+        run_ended=run_ended_check(context.instance, context.run_id),
+        on_stopped=context.log.warning,
+    ) as keeper:
         limits = RunLimits(MAX_STEPS, clock.deadline, is_cancelled=keeper.lost.is_set)
         try:
             clock.check()  # a step retried after a wait: the run may have been failed meanwhile

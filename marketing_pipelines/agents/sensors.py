@@ -143,7 +143,7 @@ def reconcile_agent_run(engine: sa.Engine, run: dg.DagsterRun, outcome: str, rea
     if not rows:
         return None
     # An agent run keeps its place in the queue: its retry is due at once.
-    statuses = reconcile_run(engine, AGENT_RUNS, run, rows, outcome, reason, retry_delay_seconds=lambda _: 0)
+    statuses = reconcile_run(engine, AGENT_RUNS, run, rows, outcome, reason)
     return next(iter(statuses), None)
 
 

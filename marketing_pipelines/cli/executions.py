@@ -323,7 +323,7 @@ def executions_show(execution_id: int, with_body: bool, as_json: bool) -> None:
     Example:
       marketing-pipelines executions show 1
     """
-    from marketing_pipelines.executions.queue import get_execution, list_attempts
+    from marketing_pipelines.executions.queue import failure_cause, get_execution, list_attempts
 
     with ready_conn() as conn:
         row = get_execution(conn, execution_id)
@@ -340,23 +340,28 @@ def executions_show(execution_id: int, with_body: bool, as_json: bool) -> None:
     for attempt in attempts:
         attempt["error"] = shown_error(attempt["error"], payload)
         attempt["run_url"] = f"{runs_url}/{attempt['run_id']}" if runs_url and attempt["run_id"] else None
+    # Why a FAILED execution failed (its action failed every attempt, was refused, or its attempts were lost
+    # after the action began), with its counts: our own text, from its counters.
+    execution["cause"] = failure_cause(execution)
     if as_json:
         click.echo(json.dumps({"execution": execution, "attempts": attempts}, default=str, indent=2))
         return
     keys = ("id", "campaign_id", "stage", "action", "status", "due_at", "attempts", "lost_attempts", "max_attempts")
-    for key in (*keys, "run_id"):
-        click.echo(f"{key:>13}: {cell_text(execution.get(key))}")
-    click.echo(f"{'payload':>13}: {shown_text(json.dumps(execution['payload'], default=str, ensure_ascii=False))}")
-    click.echo(f"{'last_error':>13}: {shown_cell(execution.get('last_error') or '-')}")
+    for key in (*keys, "handed_back", "unstarted_runs", "run_id"):
+        click.echo(f"{key:>14}: {cell_text(execution.get(key))}")
+    if execution["cause"]:
+        click.echo(f"{'failed because':>14}: {execution['cause']}")
+    click.echo(f"{'payload':>14}: {shown_text(json.dumps(execution['payload'], default=str, ensure_ascii=False))}")
+    click.echo(f"{'last_error':>14}: {shown_cell(execution.get('last_error') or '-')}")
     click.echo("attempts:")
     emit_rows(attempts, ["attempt", "run_id", "started_at", "finished_at", "outcome", "error"], False)
     for attempt in attempts:  # not a table column: a cell is cut at 60 characters, a link must stay whole
         if attempt["run_url"]:
-            click.echo(f"{'attempt ' + str(attempt['attempt']):>13}: {attempt['run_url']}")
+            click.echo(f"{'attempt ' + str(attempt['attempt']):>14}: {attempt['run_url']}")
     if execution["attempts"] > len(attempts):
-        # The claim counts an attempt; a run that never started (or started after its lease expired
-        # and found another attempt owning the row) leaves no attempt row.
-        click.echo(f"({execution['attempts'] - len(attempts)} claim(s) never started a run)")
+        # The claim counts an attempt and its run's take-over opens its row: a claim waiting for its run has
+        # none yet. A run that never reaches the action gives its attempt back (handed_back counts those).
+        click.echo(f"({execution['attempts'] - len(attempts)} attempt(s) claimed and not yet taken over by a run)")
 
 
 @executions.command("reseal")

@@ -58,6 +58,22 @@ marketing_execution = sa.Table(
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Column("max_attempts", sa.Integer, nullable=False, server_default="3"),
     _lost_attempts_column(),
+    # A run that never reached an execution's action (it never started, or its worker waited on this machine
+    # until its lease ran out) gives its attempt back: counted here instead (leasing/lease.py, hand-backs).
+    sa.Column(
+        "unstarted_runs",
+        sa.Integer,
+        nullable=False,
+        server_default="0",
+        comment="Runs in a row that handed it back before its action began; delays the next claim",
+    ),
+    sa.Column(
+        "handed_back",
+        sa.Integer,
+        nullable=False,
+        server_default="0",
+        comment="All runs that handed it back before its action began; not attempts",
+    ),
     sa.Column("run_id", sa.String(64), nullable=True, comment="Dagster run of the latest attempt"),
     sa.Column("last_error", sa.Text, nullable=True),
     sa.Column("dedupe_key", sa.String(200), nullable=True, unique=True, comment="Caller key for idempotent scheduling"),
@@ -95,6 +111,12 @@ marketing_execution_attempt = sa.Table(
     sa.Column("attempt", sa.Integer, primary_key=True),
     sa.Column("run_id", sa.String(64), nullable=True, comment="Dagster run that performed this attempt"),
     sa.Column("started_at", UTCDateTime(), nullable=False),
+    sa.Column(
+        "began_at",
+        UTCDateTime(),
+        nullable=True,
+        comment="When its action was dispatched; NULL: the run took it over but never reached the action",
+    ),
     sa.Column("finished_at", UTCDateTime(), nullable=True),
     sa.Column("outcome", sa.String(16), nullable=True, comment="NULL while the attempt runs"),
     sa.Column("error", sa.Text, nullable=True),

@@ -8,15 +8,25 @@ and committed with the other outcomes finished at the same moment (group commit)
 One failing execution is recorded as that execution's failure and costs the others nothing; a
 run killed mid-batch leaves what it finished finished, and the rest to reconciliation or lease
 expiry.
+
+An attempt is spent only on the receiver: each wave of actions is recorded as begun (one statement)
+just before it is dispatched, and an attempt whose action never began is handed back, not lost, if
+its run dies or is failed (leasing/lease.py). The worker asks Dagster whether its run is still
+starting or started before it takes its executions over, right after, and at each lease heartbeat;
+once it is not (run monitoring failed it at its start timeout, say, while the run-failure sensor hands
+its executions back) it begins nothing more.
 """
 
 import functools
+import os
 import sys
 import time
 import traceback
-from collections.abc import Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -37,14 +47,16 @@ from marketing_pipelines.executions.endpoints import endpoint_names, open_endpoi
 from marketing_pipelines.executions.queue import (
     EXECUTIONS,
     attempt_outcome,
+    begin_attempts,
     end_attempt,
     end_attempts,
+    failure_cause,
     get_execution,
     start_attempts,
 )
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.executions.webhook import WebhookClient
-from marketing_pipelines.leasing.claims import take_over_rows
+from marketing_pipelines.leasing.claims import run_ended_check, take_over_rows
 from marketing_pipelines.leasing.lease import LeaseKeeper, describe, finish, finish_many, retry_or_fail
 from marketing_pipelines.redact import (
     hide_values,
@@ -62,6 +74,13 @@ OUTCOME_TABLE_ROWS = 1000
 # Executions of a computing action (log) performed and recorded together, in the run's own thread.
 INLINE_CHUNK = 100
 
+# A test hook (marketing_pipelines_tests/executions/test_overload_faults.py), inert unless this variable names
+# a file: the first worker to rename "<file>.armed" to "<file>.reached" (writing its run id in it) waits, after
+# its run's status check and before its take-over, until "<file>" exists, so a test can fail the run in that
+# window. Unset, as everywhere but that test, it costs one lookup of the environment per run.
+HOLD_BEFORE_TAKE_OVER = "MARKETING_TEST_HOLD_BEFORE_TAKE_OVER"
+HOLD_SECONDS_MAX = 300
+
 
 class ExecutionBatchConfig(dg.Config):
     execution_ids: list[int]
@@ -77,9 +96,10 @@ class ExecutionOutcome:
     stage: str
     action: str
     attempt: int
-    outcome: str  # SUCCEEDED, RESCHEDULED, FAILED, LEASE_LOST or SKIPPED
+    outcome: str  # SUCCEEDED, RESCHEDULED, FAILED, LEASE_LOST, NOT_BEGUN or SKIPPED
     detail: str  # as it may be shown (made by _redacted, or our own state text), even quoting a receiver
     seconds: float
+    cause: str = ""  # why a FAILED execution failed, with its counts (queue.failure_cause)
 
 
 @dataclass(frozen=True)
@@ -225,8 +245,9 @@ def _report(context: dg.OpExecutionContext, done: _Attempted, status: str | None
         detail = _redacted(", ".join(f"{k}={v}" for k, v in done.result.items()), row["payload"])
         return outcome("SUCCEEDED", detail)
     if status == "FAILED":
-        context.log.error(f"{done.label} FAILED after {row['attempts']} of {row['max_attempts']} attempts: {error}")
-        return outcome("FAILED", error or "")
+        cause = failure_cause({**row, "status": "FAILED"}, refused=done.refused) or ""
+        context.log.error(f"{done.label} FAILED: {cause}. Its last error: {error}")
+        return ExecutionOutcome(row["id"], *done.where, row["attempts"], "FAILED", error or "", seconds, cause)
     context.log.warning(f"{done.label} failed: {error}; {state}.")
     return outcome("RESCHEDULED", f"{error}; {state}")
 
@@ -291,6 +312,7 @@ def _outcome_table(outcomes: Sequence[ExecutionOutcome]) -> dg.TableMetadataValu
                     "outcome": o.outcome,
                     # Already as shown (_redacted); redacting a thousand details again cost more than the SQL.
                     "detail": o.detail[:300],
+                    "cause": o.cause,
                     "seconds": round(o.seconds, 3),
                 }
             )
@@ -305,10 +327,101 @@ def _outcome_table(outcomes: Sequence[ExecutionOutcome]) -> dg.TableMetadataValu
                 dg.TableColumn("attempt", "int"),
                 dg.TableColumn("outcome", "string"),
                 dg.TableColumn("detail", "string"),
+                dg.TableColumn("cause", "string"),
                 dg.TableColumn("seconds", "float"),
             ]
         ),
     )
+
+
+def _held_for_test(run_id: str) -> None:
+    """The test hook ``HOLD_BEFORE_TAKE_OVER``: nothing unless the variable is set and this worker arms it first."""
+    gate = os.environ.get(HOLD_BEFORE_TAKE_OVER)
+    if not gate:
+        return
+    try:
+        Path(f"{gate}.armed").rename(f"{gate}.reached")  # one worker wins; the others go on at once
+    except OSError:
+        return
+    Path(f"{gate}.reached").write_text(run_id)
+    deadline = time.monotonic() + HOLD_SECONDS_MAX
+    while not Path(gate).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@dataclass
+class _Batch:
+    """A run's executions on their way: each wave of actions recorded as begun (``begin_attempts``, one
+    statement) just before it is dispatched, and none once the lease keeper stopped the work.
+
+    Webhooks go to the thread pool at most ``limit`` at a time (a row waiting in the pool's queue has not
+    begun, and is handed back unspent if the run dies); computing actions run in the op's thread a chunk at
+    a time, between which the webhooks that finished are recorded and replaced.
+    """
+
+    context: dg.OpExecutionContext
+    engine: sa.Engine
+    owner: str
+    settings: ExecutionSettings
+    keeper: LeaseKeeper
+    pool: ThreadPoolExecutor
+    limit: int
+    attempt: Callable[[Mapping[str, Any]], _Attempted]
+    performed: list[ExecutionOutcome] = field(default_factory=list)
+    not_begun: list[Mapping[str, Any]] = field(default_factory=list)
+    pending: set[Future[_Attempted]] = field(default_factory=set)
+
+    def run(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        waiting = deque(row for row in rows if _waits(row["action"]))
+        inline = [row for row in rows if not _waits(row["action"])]
+        self._dispatch(waiting)
+        # Actions that only compute (log) run here meanwhile, recorded a chunk at a time: a thread
+        # hand-off per execution cost more than the action itself.
+        for start in range(0, len(inline), INLINE_CHUNK):
+            chunk = self._begin(inline[start : start + INLINE_CHUNK])
+            if chunk:
+                self._record([self.attempt(row) for row in chunk])
+            self._collect(waiting, timeout=0)
+        while self.pending:
+            self._collect(waiting, timeout=None)
+
+    def _begin(self, wave: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        def mark(ids: Sequence[int]) -> set[int]:
+            with self.engine.begin() as conn:
+                return begin_attempts(conn, ids, self.owner)
+
+        began = self.keeper.begin([row["id"] for row in wave], mark)
+        self.not_begun += [row for row in wave if row["id"] not in began]
+        return [row for row in wave if row["id"] in began]
+
+    def _dispatch(self, waiting: deque[Mapping[str, Any]]) -> None:
+        while waiting and len(self.pending) < self.limit:
+            wave = [waiting.popleft() for _ in range(min(len(waiting), self.limit - len(self.pending)))]
+            self.pending.update(self.pool.submit(self.attempt, row) for row in self._begin(wave))
+
+    def _collect(self, waiting: deque[Mapping[str, Any]], timeout: float | None) -> None:
+        if self.pending:
+            # Every attempt finished by now is recorded together; the next batch gathers meanwhile.
+            finished, self.pending = wait(self.pending, timeout=timeout, return_when=FIRST_COMPLETED)
+            if finished:
+                self._record(sorted((f.result() for f in finished), key=lambda d: d.row["id"]))
+        self._dispatch(waiting)
+
+    def _record(self, batch: Sequence[_Attempted]) -> None:
+        self.performed += _recorded(self.context, self.engine, batch, self.owner, self.settings)
+
+
+def _not_begun(engine: sa.Engine, rows: Sequence[Mapping[str, Any]], stop_reason: str | None) -> list[ExecutionOutcome]:
+    """The outcomes of rows this run took over and never began: handed back, or another attempt's by now."""
+    with engine.connect() as conn:
+        states = {row["id"]: describe(conn, EXECUTIONS, row["id"]) for row in rows}
+    why = f"not begun ({stop_reason}); back in the queue, its attempt not spent" if stop_reason else "not begun"
+    return [
+        ExecutionOutcome(
+            row["id"], *_shown_where(row), row["attempts"], "NOT_BEGUN", f"{why}; it {states[row['id']]}", 0.0
+        )
+        for row in rows
+    ]
 
 
 @dg.op(
@@ -331,6 +444,15 @@ def perform_executions(
     settings = execution_settings
     engine = app_db.ready_engine()
     ids = list(dict.fromkeys(config.execution_ids))
+    run_ended = run_ended_check(context.instance, context.run_id)
+    if (why := run_ended()) is not None:
+        # Dagster ended the run before its worker got here (run monitoring's start timeout under load): the
+        # run-failure sensor hands its executions back, and taking them over now would race it.
+        raise dg.Failure(
+            description=f"{why}: this worker takes none of its {len(ids)} execution(s) over and does nothing; "
+            "the run-failure sensor hands them back, their attempts not spent."
+        )
+    _held_for_test(context.run_id)
     taken_over = take_over_rows(
         engine,
         EXECUTIONS,
@@ -349,7 +471,7 @@ def perform_executions(
     ]
     context.log.info(f"Performing {len(rows)} of {len(ids)} execution(s) as {owner}.")
 
-    performed: list[ExecutionOutcome] = []
+    stop_reason: str | None = None
     if rows:
         # The registered endpoints the batch names, opened once (one query, one key) for all its sends.
         names = endpoint_names(row["payload"] for row in rows if row["action"] == "webhook")
@@ -359,29 +481,41 @@ def perform_executions(
                 endpoints = open_endpoints(conn, webhook.sealing_keys, names)
         # What opens the batch's sealed header values, made once (one key read) for all its sends.
         headers_box = sealed_headers_box(webhook.sealing_keys, (r["payload"] for r in rows if r["action"] == "webhook"))
+        limit = min(webhook.concurrency, len(rows))
         with (
             LeaseKeeper(
-                engine, EXECUTIONS, sorted(taken), owner, settings.lease_seconds, on_lost=context.log.error
+                engine,
+                EXECUTIONS,
+                sorted(taken),
+                owner,
+                settings.lease_seconds,
+                on_lost=context.log.error,
+                run_ended=run_ended,
+                on_stopped=context.log.warning,
             ) as keeper,
             webhook.one_loop(),
-            ThreadPoolExecutor(max_workers=min(webhook.concurrency, len(rows))) as pool,
+            ThreadPoolExecutor(max_workers=limit) as pool,
         ):
-            waiting = [row for row in rows if _waits(row["action"])]
-            pending = {pool.submit(_attempt, context, row, keeper, webhook, endpoints, headers_box) for row in waiting}
-            # Actions that only compute (log) run here meanwhile, recorded a chunk at a time: a thread
-            # hand-off per execution cost more than the action itself.
-            inline = [row for row in rows if not _waits(row["action"])]
-            for start in range(0, len(inline), INLINE_CHUNK):
-                batch = [
-                    _attempt(context, row, keeper, webhook, endpoints) for row in inline[start : start + INLINE_CHUNK]
-                ]
-                performed += _recorded(context, engine, batch, owner, settings)
-            while pending:
-                # Every attempt finished by now is recorded together; the next batch gathers meanwhile.
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                batch = sorted((f.result() for f in finished), key=lambda d: d.row["id"])
-                performed += _recorded(context, engine, batch, owner, settings)
-        outcomes += sorted(performed, key=lambda o: o.execution_id)
+            # Dagster may have ended the run while this worker took its executions over.
+            keeper.check_run()
+            batch = _Batch(
+                context,
+                engine,
+                owner,
+                settings,
+                keeper,
+                pool,
+                limit,
+                lambda row: _attempt(context, row, keeper, webhook, endpoints, headers_box),
+            )
+            batch.run(rows)
+        stop_reason = keeper.stop_reason
+        outcomes += sorted(
+            batch.performed + _not_begun(engine, batch.not_begun, stop_reason), key=lambda o: o.execution_id
+        )
+    elif (why := run_ended()) is not None:
+        stop_reason = why
+        context.log.warning(f"{why}: this worker took none of its executions over and does nothing.")
 
     counts = {
         kind: sum(1 for o in outcomes if o.outcome == kind) for kind in dict.fromkeys(o.outcome for o in outcomes)
@@ -391,17 +525,27 @@ def perform_executions(
     metadata: dict[str, Any] = {kind.lower(): dg.MetadataValue.int(n) for kind, n in counts.items()}
     if outcomes:
         metadata["executions"] = _outcome_table(outcomes)
-    if not rows and ids:
+    if not rows and ids and stop_reason is None:
         context.log.info(
             f"This run owns none of its {len(ids)} execution(s) (e.g. a re-execution of finished work) and did "
             "nothing; `marketing-pipelines executions retry ID` runs a failed or cancelled execution again."
         )
     failed = [o for o in outcomes if o.outcome == "FAILED"]
-    if failed:
+    if failed or stop_reason is not None:
         # Every outcome is recorded by now: failing the run changes no row (the run-failure sensor's
         # reconciliation is fenced by status and owner), it makes the failure show where Dagster users
-        # look: the run's status, the Runs page's "Failed" filter, run-failure sensors and alerts.
-        raise dg.Failure(description=failure_description(failed, len(outcomes)), metadata=metadata)
+        # look: the run's status, the Runs page's "Failed" filter, run-failure sensors and alerts. A run
+        # Dagster ended stays failed: its worker's own later events would otherwise show it succeeded.
+        description = failure_description(failed, len(outcomes)) if failed else ""
+        if stop_reason is not None:
+            ended = (
+                f"{stop_reason}: this worker stopped; {counts.get('NOT_BEGUN', 0)} execution(s) not begun are "
+                "back in the queue, their attempts not spent."
+                if rows
+                else f"{stop_reason}: this worker took none of its {len(ids)} execution(s) over and did nothing."
+            )
+            description = f"{ended}\n{description}" if description else ended
+        raise dg.Failure(description=description, metadata=metadata)
     if counts.get("RESCHEDULED"):
         context.log.warning(
             f"{counts['RESCHEDULED']} execution(s) failed an attempt and are rescheduled; the run succeeds because "
@@ -422,7 +566,7 @@ def failure_description(failed: Sequence[ExecutionOutcome], total: int) -> str:
     """
     lines = [
         f"{o.execution_id} ({shown_cell(f'{o.campaign_id}/{o.stage}, {o.action}')}, attempt {o.attempt}): "
-        f"{shown_cell(o.detail)[:300]}"
+        f"{shown_cell(o.detail)[:300]}{f' ({shown_cell(o.cause)})' if o.cause else ''}"
         for o in failed[:FAILURE_MESSAGE_EXECUTIONS]
     ]
     more = len(failed) - len(lines)

@@ -20,15 +20,22 @@ import sqlalchemy as sa
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from marketing_pipelines.db.campaigns import require_campaign
-from marketing_pipelines.db.engine import insert_ignoring_conflicts
+from marketing_pipelines.db.engine import insert_ignoring_conflicts, one_of
 from marketing_pipelines.db.schema import EXECUTION_STATUSES, marketing_execution, marketing_execution_attempt
 from marketing_pipelines.egress import PUBLIC_ONLY, EgressPolicy
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.actions import InvalidPayload, get_action, reseal_headers, seal_headers
 from marketing_pipelines.executions.endpoints import refuse_user_info, require_endpoint
-from marketing_pipelines.leasing.lease import RETRYABLE, LeaseQueue, cancel, now_expr
+from marketing_pipelines.leasing.lease import MAX_LOST_ATTEMPTS, RETRYABLE, RUNNING, LeaseQueue, cancel, now_expr
 from marketing_pipelines.sealing import KEY_SETTING, KeySource, SealingError, SecretBox
 from marketing_pipelines.strict_json import check_depth, loads_json, refuse_lone_surrogates
+
+
+def _action_began() -> sa.ColumnElement[bool]:
+    """Whether an execution's current attempt reached its action (``begin_attempts`` recorded it)."""
+    a, t = marketing_execution_attempt, marketing_execution
+    return sa.exists().where(a.c.execution_id == t.c.id, a.c.attempt == t.c.attempts, a.c.began_at.is_not(None))
+
 
 EXECUTIONS = LeaseQueue(
     table=marketing_execution,
@@ -38,6 +45,7 @@ EXECUTIONS = LeaseQueue(
     retry_moves_due=True,
     claim_columns=("id", "campaign_id", "stage", "action", "attempts"),
     row_noun="Execution",
+    action_began=_action_began,
 )
 MAX_PAYLOAD_BYTES = 64 * 1024
 MAX_ATTEMPTS = 100
@@ -283,6 +291,70 @@ def _start_attempts_pg() -> sa.Insert:
     )
 
 
+def begin_attempts(conn: sa.Connection, execution_ids: Sequence[int], owner: str) -> set[int]:
+    """Record that the actions of these executions' current attempts begin now, in one statement; the ids recorded.
+
+    Only executions still RUNNING under ``owner`` with a live lease: a worker begins no action on a row it
+    lost (its run was failed and the row handed back) or whose lease ran out while it waited on this machine.
+    An attempt whose action began is a try at the receiver: lost, not handed back, if its run dies now.
+    """
+    if not execution_ids:
+        return set()
+    a, t = marketing_execution_attempt, marketing_execution
+    ours = sa.select(t.c.id, t.c.attempts).where(
+        one_of(conn, t.c.id, execution_ids),
+        t.c.status == RUNNING,
+        t.c.lease_owner == owner,
+        t.c.lease_expires_at > now_expr(conn),
+    )
+    stmt = (
+        sa.update(a)
+        .where(sa.tuple_(a.c.execution_id, a.c.attempt).in_(ours))
+        .values(began_at=sa.func.coalesce(a.c.began_at, now_expr(conn)))
+        .returning(a.c.execution_id)
+    )
+    return set(conn.execute(stmt).scalars())
+
+
+def forget_unbegun_attempts(conn: sa.Connection, execution_ids: Iterable[int]) -> None:
+    """Delete the attempt rows of these executions past their attempts: attempts handed back, never begun.
+
+    A hand-back gives its attempt number back, and the next take-over opens that number again.
+    """
+    ids = list(execution_ids)
+    if not ids:
+        return
+    a, t = marketing_execution_attempt, marketing_execution
+    attempts = sa.select(t.c.attempts).where(t.c.id == a.c.execution_id).scalar_subquery()
+    conn.execute(sa.delete(a).where(a.c.execution_id.in_(ids), a.c.attempt > attempts, a.c.began_at.is_(None)))
+
+
+def failure_cause(execution: Mapping[str, Any], refused: bool | None = None) -> str | None:
+    """Why a FAILED execution failed, with its counts (an execution's row as read); None for any other status.
+
+    Attempts with an outcome are those not lost (``attempts - lost_attempts``); the runs that handed it back
+    before its action began spent none (``handed_back``), and never make it FAILED. ``refused``: whether its
+    last attempt was refused, when the caller knows (the run that recorded it); else a FAILED execution with
+    attempts left is taken to have been refused, as nothing else ends one early.
+    """
+    if execution["status"] != "FAILED":
+        return None
+    attempts, lost, budget = execution["attempts"], execution["lost_attempts"], execution["max_attempts"]
+    counts = (
+        f"{attempts - lost} attempt(s) with an outcome, {lost} lost after the action began, "
+        f"{execution['handed_back']} run(s) that never began it (not attempts)"
+    )
+    if refused is None:
+        refused = lost < MAX_LOST_ATTEMPTS and attempts < budget
+    if lost >= MAX_LOST_ATTEMPTS and not refused:
+        cause = f"its attempts were lost after the action began {lost} times (the limit is {MAX_LOST_ATTEMPTS})"
+    elif not refused:
+        cause = f"its action failed every attempt it had ({attempts - lost} of {budget - lost})"
+    else:
+        cause = "its action was refused (e.g. its destination is not allowed), which no retry changes"
+    return f"{cause}; {counts}"
+
+
 def attempt_outcome(status: str) -> str:
     """The attempt's outcome for the status its execution moved to (SCHEDULED again: RESCHEDULED)."""
     return "RESCHEDULED" if status == EXECUTIONS.ready_status else status
@@ -412,6 +484,7 @@ def _rescheduled(conn: sa.Connection, budget: int) -> dict[str, Any]:
         "due_at": now_expr(conn),
         "max_attempts": t.c.attempts + budget,
         "last_error": None,
+        "unstarted_runs": 0,
         "finished_at": None,
         "lease_owner": None,
         "lease_expires_at": None,

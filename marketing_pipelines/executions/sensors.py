@@ -15,9 +15,16 @@ import sqlalchemy as sa
 from marketing_pipelines import run_tags
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.executions.jobs import OP_NAME, marketing_execution_job
-from marketing_pipelines.executions.queue import EXECUTIONS, attempt_outcome, end_attempt, end_open_attempts
+from marketing_pipelines.executions.queue import (
+    EXECUTIONS,
+    attempt_outcome,
+    end_attempt,
+    end_open_attempts,
+    forget_unbegun_attempts,
+)
 from marketing_pipelines.executions.resources import ExecutionSettings
 from marketing_pipelines.leasing.claims import (
+    LEASE_SHORTENED,
     Room,
     claim_requests,
     claiming_sensor,
@@ -28,6 +35,7 @@ from marketing_pipelines.leasing.claims import (
 )
 from marketing_pipelines.leasing.lease import (
     CANCELLED,
+    FENCE_SECONDS,
     LEASE_EXPIRED_ERROR,
     LeaseQueue,
     Recovery,
@@ -56,8 +64,9 @@ def batch_run_request(rows: Sequence[sa.RowMapping], claimed_by: str) -> dg.RunR
     """One run for a batch of claimed rows (each with id, campaign_id, attempts)."""
     pairs = [(row["id"], row["attempts"]) for row in rows]
     # Run keys are deduplicated forever. A repeated submission of the same tick's requests must
-    # not launch twice, while a later claim of the same rows (a retry: new attempts) must.
-    digest = hashlib.sha1(",".join(f"{i}:{a}" for i, a in pairs).encode()).hexdigest()[:16]
+    # not launch twice, while a later claim of the same rows must: a retry (new attempts), or the
+    # same attempts again after a run that never began them gave them back. The claim tells them apart.
+    digest = hashlib.sha1(f"{claimed_by};{','.join(f'{i}:{a}' for i, a in pairs)}".encode()).hexdigest()[:16]
     campaigns = {row["campaign_id"] for row in rows}
     tags = {
         run_tags.EXECUTIONS: str(len(rows)),
@@ -114,7 +123,10 @@ class ClaimedExecutions:
         return executions_of_run(run.run_config)
 
     def after_recovery(self, conn: sa.Connection, recovery: Recovery) -> None:
-        end_open_attempts(conn, [*recovery.requeued, *recovery.failed], "LEASE_EXPIRED", LEASE_EXPIRED_ERROR)
+        # A handed-back attempt never began: its row goes, and the next take-over opens the number again.
+        forget_unbegun_attempts(conn, recovery.handed_back)
+        lost = set(recovery.requeued).difference(recovery.handed_back)
+        end_open_attempts(conn, sorted(lost.union(recovery.failed)), "LEASE_EXPIRED", LEASE_EXPIRED_ERROR)
 
     def after_claim(self, conn: sa.Connection, rows: Sequence[sa.RowMapping], claimed_by: str) -> None:
         return  # a claimed execution's lease is the setting's; its attempt opens when its run takes it over
@@ -167,16 +179,10 @@ def build_due_executions_sensor(interval_seconds: int) -> dg.SensorDefinition:
     )
 
 
-def reconcile_execution_run(
-    engine: sa.Engine,
-    run: dg.DagsterRun,
-    outcome: str,
-    reason: str,
-    retry_delay_seconds: Callable[[int], float] = lambda attempt: 0.0,
-    never_started: bool = False,
-) -> dict[str, int]:
-    """Record the outcome of every execution a Dagster run held when it ended without recording one,
-    and close each one's attempt; returns how many rows got which new status."""
+def reconcile_execution_run(engine: sa.Engine, run: dg.DagsterRun, outcome: str, reason: str) -> dict[str, int]:
+    """Hand back (or cancel) the executions a Dagster run held when it ended without recording them, and close
+    each one's attempt, or shorten the leases of those its worker took over (``reconcile_run``); returns how
+    many rows got which new status."""
     # A run's failure message may quote a webhook URL, a credential or a stage: redacted, controls visible.
     reason = shown_text(reason)
 
@@ -190,9 +196,7 @@ def reconcile_execution_run(
         executions_of_run(run.run_config),
         outcome,
         reason,
-        retry_delay_seconds=retry_delay_seconds,
         on_status=end_its_attempt,
-        never_started=never_started,
     )
 
 
@@ -200,22 +204,22 @@ def _log_reconciled(context: dg.RunStatusSensorContext, statuses: Mapping[str, i
     if statuses:
         summary = ", ".join(f"{n} now {status}" for status, n in sorted(statuses.items()))
         context.log.info(f"Run {context.dagster_run.run_id}: executions {summary}.")
+    if statuses.get(LEASE_SHORTENED):
+        context.log.info(
+            f"Its worker had taken {statuses[LEASE_SHORTENED]} over: their leases end {FENCE_SECONDS:.0f} s after "
+            "its last heartbeat, and the claiming sensor requeues them then unless a live worker records them."
+        )
 
 
-def _on_run_failure(
-    context: dg.RunFailureSensorContext, app_db: AppDatabase, execution_settings: ExecutionSettings
-) -> None:
+def _on_run_failure(context: dg.RunFailureSensorContext, app_db: AppDatabase) -> None:
     run = context.dagster_run
-    reason = f"Dagster run {run.run_id} failed: {context.failure_event.message or 'run failed'}"
-    statuses = reconcile_execution_run(
-        app_db.engine(),
-        run,
-        "FAILED",
-        reason,
-        retry_delay_seconds=execution_settings.retry_delay_seconds,
-        never_started=run_never_started(context.instance, run.run_id),
-    )
-    _log_reconciled(context, statuses)
+    # The text only rows the run never took over get: nothing was tried, so no attempt was spent.
+    message = context.failure_event.message or "run failed"
+    if run_never_started(context.instance, run.run_id):
+        reason = f"run {run.run_id} never started ({message}); not an attempt"
+    else:
+        reason = f"run {run.run_id} ended before it took this execution over ({message}); not an attempt"
+    _log_reconciled(context, reconcile_execution_run(app_db.engine(), run, "FAILED", reason))
 
 
 def _on_run_canceled(context: dg.RunStatusSensorContext, app_db: AppDatabase) -> None:
@@ -229,7 +233,9 @@ execution_run_failure_sensor, execution_run_canceled_sensor = run_end_sensors(
     marketing_execution_job,
     on_failure=_on_run_failure,
     failure_description=(
-        "Retries or fails each execution a failed marketing_execution_job run held without recording it."
+        "Hands back each execution a failed marketing_execution_job run never took over (its attempt not spent), "
+        "and shortens the leases of those it took over so they are requeued seconds after its worker's last "
+        "heartbeat."
     ),
     on_canceled=_on_run_canceled,
     canceled_description="Marks the executions a canceled marketing_execution_job run held CANCELLED.",

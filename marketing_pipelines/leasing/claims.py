@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from marketing_pipelines import run_tags
 from marketing_pipelines.leasing.lease import (
     CANCELLED,
+    FENCE_SECONDS,
     RUNNING,
     LeaseQueue,
     Recovery,
@@ -29,6 +30,7 @@ from marketing_pipelines.leasing.lease import (
     claims_older_than,
     describe,
     expire_claims,
+    fence_leases,
     finish,
     recover_expired,
     retry_or_fail,
@@ -51,8 +53,15 @@ RECONCILE_INTERVAL_SECONDS = 10
 # older than the previous tick with no run will never get one; the seconds only cover evaluations that
 # overlap (one the daemon timed out while its code server went on, a test calling the sensor directly).
 # A run created after its claim was ended all the same finds its rows owned by another claim and leaves
-# them, as with any expired lease; the claim cost each row an attempt.
+# them, as with any expired lease; the claim cost each row no attempt (a queue with ``action_began`` hands
+# back what never began), or a lost one.
 UNLAUNCHED_CLAIM_SECONDS = 10
+
+# What reconcile_run counts, for rows it left to their run's worker with their leases shortened.
+LEASE_SHORTENED = "RUNNING (lease shortened)"
+
+# The Dagster statuses in which a run's worker may work its rows.
+_WORKING = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
 
 
 def run_owner(run_id: str) -> str:
@@ -316,7 +325,7 @@ def started_runs_of_claims(
 def fail_abandoned_runs(instance: dg.DagsterInstance, run_ids: Sequence[str], queue: LeaseQueue) -> tuple[str, ...]:
     """Mark FAILURE each of ``run_ids`` that Dagster still shows starting or started; returns those it marked.
 
-    A run worker renews the leases of everything it took over every third of a lease (and extends
+    A run worker renews the leases of everything it took over at each heartbeat (and extends
     them before a wait it chose, ``LeaseKeeper.hold_for``), so a lease that ran out means its worker
     is gone or was cut off from the database for a whole lease: its work is already back in the
     queue, and the run would otherwise show STARTED for ever. Dagster's run monitoring cannot see
@@ -400,43 +409,49 @@ def reconcile_run(
     outcome: str,
     reason: str,
     *,
-    retry_delay_seconds: Callable[[int], float],
     on_status: Callable[[sa.Connection, int, int, str], None] | None = None,
-    never_started: bool = False,
 ) -> dict[str, int]:
-    """Record the outcome of each row a run was launched for and still holds, when it ended without recording one.
+    """Hand back, or end, each row a run was launched for and still holds, when it ended without recording one.
 
-    Each row is fenced on its own by the run's lease owner (or the sensor's claim, when the run died
-    before taking it over) and by run id: rows the run already finished, or that another attempt owns
-    by now, are left alone. ``outcome`` CANCELLED ends a row CANCELLED; anything else puts it back in
-    the queue, the attempt lost rather than spent (or fails it at ``MAX_LOST_ATTEMPTS``).
-    ``on_status`` gets each changed row's id, its attempt (read from the row, so no run tag has to
-    carry it) and new status. ``never_started``: the run failed before its worker started
-    (``run_never_started``). Returns how many rows got which status.
+    Each row is fenced on its own by the run's lease owner (or the sensor's claim, when the run never
+    took it over) and by run id: rows the run already finished, or that another attempt owns by now, are
+    left alone. ``outcome`` CANCELLED ends a row CANCELLED. Otherwise (the run failed):
+
+    * a row still owned by the claim was never taken over: nothing was tried. It goes back to the queue
+      now, with ``reason`` as its error: handed back in a queue with ``action_began`` (the attempt given
+      back, due after ``UNSTARTED_DELAYS_SECONDS``), else a lost attempt, due at once. Its run's worker,
+      should it start after all, takes nothing over (``take_over_many`` is fenced on the claim).
+    * a row the run took over is not requeued here, as its worker may be alive (a run Dagster failed at
+      its start timeout whose worker started late). Its lease is shortened to ``FENCE_SECONDS`` after its
+      last renewal (``fence_leases``): a dead worker's rows expire within seconds, and the next claiming
+      tick requeues them (``recover_expired``: lost if the action began, else handed back; due at once),
+      while a live worker, which stops at its next heartbeat on its run's status, records what it has
+      in flight. Counted as ``LEASE_SHORTENED``.
+
+    ``on_status`` gets each changed row's id, its attempt (read from the row, so no run tag has to carry
+    it) and new status. Returns how many rows got which status.
     """
     # Stored as each row's error and shown by the command line and alerts: a run's failure message may quote
     # anything (a stage, a receiver's answer), so it is redacted and its control characters written visibly.
     reason = shown_text(reason)
     claimed_by = run.tags.get(run_tags.CLAIMED_BY, "")
-    owners = [run_owner(run.run_id), claimed_by]
+    taken_by = run_owner(run.run_id)
+    owners = [taken_by, claimed_by]
     statuses: dict[str, int] = {}
     with engine.begin() as conn:
-        for row_id, attempt, owner in held_rows(conn, queue, row_ids, owners):
+        held = held_rows(conn, queue, row_ids, owners)
+        if outcome != CANCELLED:
+            taken = [row_id for row_id, _, owner in held if owner == taken_by]
+            if fenced := fence_leases(conn, queue, taken, taken_by, run.run_id, FENCE_SECONDS):
+                statuses[LEASE_SHORTENED] = len(fenced)
+        for row_id, attempt, owner in held:
             if outcome == CANCELLED:
                 done = finish(conn, queue, row_id, owners, CANCELLED, {queue.error_column: reason})
                 status = CANCELLED if done else None
+            elif owner == claimed_by:
+                status = retry_or_fail(conn, queue, row_id, [owner], reason, 0.0, run_id=run.run_id, lost=True)
             else:
-                why, delay = reason, retry_delay_seconds(attempt)
-                if never_started and owner == claimed_by:
-                    # The run's worker never started (a launch that could not be delivered, run monitoring's
-                    # start timeout after its machine went away), so nothing was tried and nothing needs
-                    # backing off: the row is due again at once. A worker that started and failed before
-                    # taking the row over (a schema it refuses, a resource that cannot start) backs off like
-                    # any failed attempt. Either way the attempt is lost, not spent: a launch that always
-                    # fails ends the row FAILED after MAX_LOST_ATTEMPTS instead of cycling.
-                    why, delay = f"{reason} (before it took this {queue.row_noun.lower()} over; due again at once)", 0.0
-                # The run ended without recording this row: whatever stopped it, the attempt was lost.
-                status = retry_or_fail(conn, queue, row_id, [owner], why, delay, run_id=run.run_id, lost=True)
+                continue
             if status is not None:
                 if on_status is not None:
                     on_status(conn, row_id, attempt, status)
@@ -448,6 +463,30 @@ def run_never_started(instance: dg.DagsterInstance, run_id: str) -> bool:
     """Whether Dagster never saw this run's worker start (no start time on its run record)."""
     record = instance.get_run_record_by_id(run_id)
     return record is not None and record.start_time is None
+
+
+def run_ended_check(instance: dg.DagsterInstance, run_id: str) -> Callable[[], str | None]:
+    """What a run's worker asks before it takes rows over and at each heartbeat: why its Dagster run is no
+    longer starting or started, or None while it is.
+
+    A run Dagster ended once counts as ended even if it shows STARTED again: Dagster sets a run's status
+    from its latest event, so a worker that passed Dagster's own start check just before run monitoring's
+    start timeout failed the run writes RUN_START after that FAILURE, and the run shows STARTED while the
+    run-failure sensor hands its rows back. The end time that FAILURE left on the run's record stays.
+    """
+
+    def ended() -> str | None:
+        record = instance.get_run_record_by_id(run_id)
+        if record is None:
+            return f"Dagster run {run_id} is gone"
+        status = record.dagster_run.status
+        if status not in _WORKING:
+            return f"Dagster run {run_id} is {status.value}, no longer STARTING or STARTED"
+        if record.end_time is not None:
+            return f"Dagster run {run_id} was ended (it shows {status.value} after a later event)"
+        return None
+
+    return ended
 
 
 def held_rows(

@@ -21,6 +21,7 @@ import os
 import socket
 import threading
 import uuid
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -40,6 +41,10 @@ CANCELLED = "CANCELLED"
 RETRYABLE = (FAILED, CANCELLED)
 
 LEASE_EXPIRED_ERROR = "lease expired: the worker stopped renewing it (crashed, killed, or its run never started)"
+LEASE_EXPIRED_UNBEGUN_ERROR = (
+    "lease expired before the action began (its run never started, or its worker died, was starved or was cut off "
+    "from the database first); not an attempt"
+)
 
 # An attempt lost to the infrastructure (its lease ran out, or its run failed or never started before
 # recording the row's outcome) says nothing about the work itself: a daemon kill, a code-server
@@ -49,6 +54,34 @@ LEASE_EXPIRED_ERROR = "lease expired: the worker stopped renewing it (crashed, k
 # it reaches, say) ends FAILED all the same.
 MAX_LOST_ATTEMPTS = 5
 LOST_ATTEMPTS_ERROR = f"gave up after {MAX_LOST_ATTEMPTS} attempts lost before they recorded an outcome"
+
+# An attempt is spent only on the target. In a queue that records when an attempt's action began
+# (``LeaseQueue.action_began``), a row whose run ended, or whose lease ran out, before its action began is
+# handed back instead: its attempt given back (attempts - 1), no lost attempt counted, never FAILED for it.
+# A run that never started, a worker starved by its machine or refused by the database: waiting for this
+# machine is no try at the receiver. Such a row is due again after the delay for its n-th hand-back in a row
+# (index n - 1): at once for the first, then doubling from a few seconds, so a run launcher that fails every
+# launch costs a launch every few minutes, not a loop of runs; each such run shows FAILED on Dagster's Runs
+# page. An attempt whose action began resets the count.
+UNSTARTED_DELAYS_SECONDS = (0, 5, 10, 20, 40, 80, 160)
+MAX_UNSTARTED_DELAY_SECONDS = 300
+
+# A run worker renews its leases every HEARTBEAT_SECONDS (or a third of a shorter lease), whatever the
+# lease's length, and at each heartbeat asks Dagster whether its run is still starting or started. A run
+# Dagster ended while its worker held rows has their leases shortened to FENCE_HEARTBEATS heartbeats after
+# their last renewal (``fence_leases``): a dead worker's rows expire within seconds, and a live worker,
+# which stops at its next heartbeat, still records what it has in flight within them. FENCE_SECONDS is
+# longer than the default webhook timeout (10 s), so a send in flight ends before its row can be requeued.
+HEARTBEAT_SECONDS = 5.0
+FENCE_HEARTBEATS = 3
+FENCE_SECONDS = FENCE_HEARTBEATS * HEARTBEAT_SECONDS
+
+
+def unstarted_delay_seconds(hand_backs: int) -> float:
+    """The delay before a row's next claim after its ``hand_backs``-th hand-back in a row (1: the first)."""
+    if 1 <= hand_backs <= len(UNSTARTED_DELAYS_SECONDS):
+        return UNSTARTED_DELAYS_SECONDS[hand_backs - 1]
+    return MAX_UNSTARTED_DELAY_SECONDS
 
 
 def new_claim_owner() -> str:
@@ -71,6 +104,11 @@ class LeaseQueue:
     # row's JSON payload decoded and timestamps converted on the claim's path, for nothing.
     claim_columns: tuple[str, ...] = ("id", "attempts")
     row_noun: str = "Row"  # how log lines name one row: "Execution 12", "Agent run 7"
+    # SQL true when the row's current attempt reached its action (the executions' attempt row's began_at).
+    # With it, an attempt that did not is handed back (``UNSTARTED_DELAYS_SECONDS``); the table then has
+    # the columns unstarted_runs and handed_back. Without it (agent runs, whose attempt begins when its run
+    # takes it over, and whose queue place cannot be delayed), every unfinished attempt is a lost one.
+    action_began: Callable[[], sa.ColumnElement[bool]] | None = None
 
     def col(self, name: str) -> sa.Column[Any]:
         return self.table.c[name]
@@ -85,6 +123,8 @@ class Recovery:
     # The rows that expired while still owned by the tick that claimed them (no run took them over),
     # by that claim: a started run of the claim whose rows are all here died before its take-over.
     claims: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # Of ``requeued``, those whose action never began: handed back, their attempt given back.
+    handed_back: tuple[int, ...] = ()
 
 
 def now_expr(conn: sa.Connection, offset_s: float = 0.0, at: datetime | None = None) -> sa.ColumnElement[datetime]:
@@ -275,11 +315,17 @@ def finish_many(
             lease_expires_at=None,
             finished_at=now_expr(conn),
             updated_at=now_expr(conn),
+            **_reached(queue),
             **dict(values or {}),
         )
         .returning(t.c.id)
     )
     return set(conn.execute(stmt).scalars())
+
+
+def _reached(queue: LeaseQueue) -> dict[str, Any]:
+    """The values of a row whose attempt reached its action: its hand-backs in a row start again from 0."""
+    return {"unstarted_runs": 0} if queue.action_began is not None else {}
 
 
 def retry_or_fail(
@@ -295,7 +341,9 @@ def retry_or_fail(
     """After a failed attempt: back to the queue, or FAILED once attempts reach max_attempts.
 
     ``lost``: the attempt ended without an outcome of its own (its run failed before recording
-    one), so it does not spend the budget (``MAX_LOST_ATTEMPTS``).
+    one), so it does not spend the budget (``MAX_LOST_ATTEMPTS``); in a queue with ``action_began``,
+    one whose action never began is handed back instead (``UNSTARTED_DELAYS_SECONDS``, not
+    ``retry_delay_s``).
 
     One fenced statement decides and writes, so two reporters of the same failure (the run
     itself and the run-failure sensor) cannot both act. Returns the new status, or None when
@@ -303,19 +351,22 @@ def retry_or_fail(
     """
     t = queue.table
     if lost:
-        exhausted, values = _lost_values(queue, error, now_expr(conn))
+        exhausted, values = _unfinished_values(
+            queue, error, error, lambda s: now_expr(conn, s), due=now_expr(conn, retry_delay_s)
+        )
     else:
         exhausted = t.c.attempts >= t.c.max_attempts
-        values: dict[str, Any] = {
+        values = {
             "status": sa.case((exhausted, FAILED), else_=queue.ready_status),
             "finished_at": sa.case((exhausted, now_expr(conn)), else_=None),
             queue.error_column: error,
+            **_reached(queue),
         }
+        if queue.retry_moves_due:
+            values[queue.due_column] = sa.case(
+                (exhausted, queue.col(queue.due_column)), else_=now_expr(conn, retry_delay_s)
+            )
     values.update(lease_owner=None, lease_expires_at=None, updated_at=now_expr(conn))
-    if queue.retry_moves_due:
-        values[queue.due_column] = sa.case(
-            (exhausted, queue.col(queue.due_column)), else_=now_expr(conn, retry_delay_s)
-        )
     conditions = [t.c.id == row_id, t.c.status == RUNNING, _owned_by(queue, owner)]
     if run_id is not None:
         conditions.append(sa.or_(t.c.run_id == run_id, t.c.run_id.is_(None)))
@@ -356,6 +407,66 @@ def claims_older_than(conn: sa.Connection, queue: LeaseQueue, seconds: float) ->
     return sorted(conn.execute(stmt).scalars())
 
 
+def end_leases(conn: sa.Connection, queue: LeaseQueue, row_ids: Sequence[int], owner: str) -> set[int]:
+    """End the leases ``owner`` holds on ``row_ids`` now, for ``recover_expired`` to take; the ids ended.
+
+    For a worker that will not begin their actions (its Dagster run ended): the next claiming tick hands
+    them back, through the one recovery path every expired lease takes.
+    """
+    if not row_ids:
+        return set()
+    t = queue.table
+    stmt = (
+        sa.update(t)
+        .where(one_of(conn, t.c.id, row_ids), t.c.status == RUNNING, t.c.lease_owner == owner)
+        .values(lease_expires_at=now_expr(conn, -1))
+        .returning(t.c.id)
+    )
+    return set(conn.execute(stmt).scalars())
+
+
+def fence_leases(
+    conn: sa.Connection, queue: LeaseQueue, row_ids: Sequence[int], owner: str, run_id: str, seconds: float
+) -> set[int]:
+    """Shorten the leases ``owner`` (of Dagster run ``run_id``) holds on ``row_ids`` to ``seconds`` after their
+    last renewal, never lengthening one; the ids whose leases now end within that.
+
+    For a run Dagster ended while its worker held rows, instead of requeueing them under a worker that may
+    be alive: a dead worker renews nothing, so its rows expire ``seconds`` after its last heartbeat and
+    ``recover_expired`` requeues them; a live one records what it has in flight meanwhile (its run's status
+    stops it from beginning more). Each statement is fenced by owner, status and the renewal it read (rows
+    renewed at one instant share it, so mostly one statement): a renewal in between leaves its rows alone,
+    as their worker is plainly alive.
+    """
+    if not row_ids:
+        return set()
+    t = queue.table
+    held = conn.execute(
+        sa.select(t.c.id, t.c.updated_at, t.c.lease_expires_at).where(
+            one_of(conn, t.c.id, row_ids), t.c.status == RUNNING, t.c.lease_owner == owner, t.c.run_id == run_id
+        )
+    ).all()
+    fenced = {r.id for r in held if r.lease_expires_at <= r.updated_at + timedelta(seconds=seconds)}
+    by_renewal: dict[datetime, list[int]] = defaultdict(list)
+    for r in held:
+        if r.id not in fenced:
+            by_renewal[r.updated_at].append(r.id)
+    for renewed, ids in by_renewal.items():
+        stmt = (
+            sa.update(t)
+            .where(
+                one_of(conn, t.c.id, ids),
+                t.c.status == RUNNING,
+                t.c.lease_owner == owner,
+                t.c.updated_at == renewed,
+            )
+            .values(lease_expires_at=renewed + timedelta(seconds=seconds))
+            .returning(t.c.id)
+        )
+        fenced.update(conn.execute(stmt).scalars())
+    return fenced
+
+
 def expire_claims(conn: sa.Connection, queue: LeaseQueue, owners: Sequence[str]) -> int:
     """End the leases of rows still held by ``owners`` (tick owners only); ``recover_expired`` then takes them."""
     t = queue.table
@@ -388,11 +499,63 @@ def _lost_values(
     }
 
 
+def _unfinished_values(
+    queue: LeaseQueue,
+    lost_error: str,
+    unbegun_error: str,
+    later: Callable[[float], sa.ColumnElement[datetime]],
+    due: sa.ColumnElement[Any] | None = None,
+) -> tuple[sa.ColumnElement[bool], dict[str, Any]]:
+    """Whether a row that ended an attempt without an outcome gives up, and the values that record it.
+
+    A lost attempt (``_lost_values``; due at ``due``, when given) if the queue cannot tell whether its action
+    began, or if it did; else handed back: its attempt given back, due after ``UNSTARTED_DELAYS_SECONDS``
+    for its hand-backs in a row. One statement for rows of either kind: each column picks by the row.
+    ``later(s)``: the statement's now plus ``s`` seconds.
+    """
+    t = queue.table
+    gives_up, lost = _lost_values(queue, lost_error, later(0))
+    if queue.retry_moves_due and due is not None:
+        lost[queue.due_column] = sa.case((gives_up, queue.col(queue.due_column)), else_=due)
+    if queue.action_began is None:
+        return gives_up, lost
+    began = queue.action_began()
+    # A first hand-back keeps the due time the row was claimed at: due again at once, and still first in line.
+    delayed = sa.case(
+        *(
+            (t.c.unstarted_runs == n, later(s) if s else queue.col(queue.due_column))
+            for n, s in enumerate(UNSTARTED_DELAYS_SECONDS)
+        ),
+        else_=later(MAX_UNSTARTED_DELAY_SECONDS),
+    )
+    unbegun = {
+        "status": queue.ready_status,
+        "finished_at": None,
+        "attempts": t.c.attempts - 1,
+        "max_attempts": t.c.max_attempts,
+        "lost_attempts": t.c.lost_attempts,
+        "unstarted_runs": t.c.unstarted_runs + 1,
+        "handed_back": t.c.handed_back + 1,
+        queue.error_column: unbegun_error,
+        queue.due_column: delayed,
+    }
+    reached = {
+        **lost,
+        "attempts": t.c.attempts,
+        "unstarted_runs": 0,
+        "handed_back": t.c.handed_back,
+        queue.due_column: lost.get(queue.due_column, queue.col(queue.due_column)),
+    }
+    values = {name: sa.case((began, reached[name]), else_=unbegun[name]) for name in unbegun}
+    return sa.and_(began, gives_up), values
+
+
 def recover_expired(
     conn: sa.Connection, queue: LeaseQueue, limit: int = 1000, *, at: datetime | None = None
 ) -> Recovery:
-    """Return RUNNING rows whose lease ran out to the queue (the attempt lost, not spent), or FAIL
-    them at ``MAX_LOST_ATTEMPTS``.
+    """Return RUNNING rows whose lease ran out to the queue: the attempt lost, not spent (FAILED at
+    ``MAX_LOST_ATTEMPTS``), or, in a queue with ``action_began``, handed back if its action never began.
+    A lost attempt is due again at once: nothing failed at the receiver, so nothing backs off.
 
     Safe to run from every replica at once: each row is updated by whichever statement locks
     it first, and the other re-checks ``status``/``lease_expires_at`` and skips it. ``at``: the
@@ -401,7 +564,9 @@ def recover_expired(
     """
     t = queue.table
     now = now_expr(conn, at=at)
-    _, values = _lost_values(queue, LEASE_EXPIRED_ERROR, now)
+    _, values = _unfinished_values(
+        queue, LEASE_EXPIRED_ERROR, LEASE_EXPIRED_UNBEGUN_ERROR, lambda s: now_expr(conn, s, at=at)
+    )
     expired = (
         sa.select(t.c.id)
         .where(t.c.status == RUNNING, t.c.lease_expires_at < now)
@@ -425,11 +590,15 @@ def recover_expired(
         owners = {row.id: row.lease_owner for row in conn.execute(expired.add_columns(t.c.lease_owner))}
         where = [t.c.id.in_(expired.scalar_subquery())]
     where += [t.c.status == RUNNING, t.c.lease_expires_at < now]
+    # After the update a handed-back row counts its hand-back, and any other row none in a row.
+    handed = (t.c.unstarted_runs > 0) if queue.action_began is not None else sa.false()
     stmt = (
         sa.update(t)
         .where(*where)
         .values({**values, "lease_owner": None, "lease_expires_at": None, "updated_at": now})
-        .returning(t.c.id, t.c.status, t.c.run_id, *([old_owner] if old_owner is not None else []))
+        .returning(
+            t.c.id, t.c.status, t.c.run_id, handed.label("handed"), *([old_owner] if old_owner is not None else [])
+        )
     )
     rows = conn.execute(stmt).all()
     if old_owner is not None:
@@ -444,6 +613,7 @@ def recover_expired(
         failed=tuple(sorted(r.id for r in rows if r.status == FAILED)),
         run_ids=tuple(sorted({r.run_id for r in rows if r.run_id})),
         claims={owner: tuple(sorted(ids)) for owner, ids in claims.items()},
+        handed_back=tuple(sorted(r.id for r in rows if r.handed)),
     )
 
 
@@ -478,11 +648,18 @@ def cancel(conn: sa.Connection, queue: LeaseQueue, row_id: int, reason: str) -> 
 class LeaseKeeper:
     """Renews the leases of one or more rows from a background thread while the work runs.
 
-    All held rows are renewed in one statement per interval, each still fenced by its own
-    status and owner. A row whose renewal matches nothing (its lease expired and another attempt
-    took it) goes into ``lost_ids`` and ``lost`` is set; the worker checks ``is_lost(id)`` and
-    must not record an outcome for it. ``release(id)`` stops renewing a row once its outcome is
-    recorded.
+    All held rows are renewed in one statement per heartbeat, each still fenced by its own status
+    and owner. A row whose renewal matches nothing (its lease expired and another attempt took it)
+    goes into ``lost_ids`` and ``lost`` is set; the worker checks ``is_lost(id)`` and must not
+    record an outcome for it. ``release(id)`` stops renewing a row once its outcome is recorded.
+
+    ``run_ended`` (asked at each heartbeat and by ``check_run``) says why the worker's Dagster run is
+    no longer starting or started, or None. Once it says so the keeper stops the work: ``stopped`` is
+    set and ``begin`` begins nothing more. In a queue with ``action_began``, the rows whose actions did
+    not begin have their leases ended now (``end_leases``), for the next claiming tick to hand back,
+    and rows in flight stay renewed until their outcomes are recorded, so an answer already on its way
+    is recorded, not sent again. In a queue without, a row's attempt began when its run took it over and
+    ends with the worker: the keeper renews nothing more, and the lease (or ``fence_leases``) runs out.
     """
 
     def __init__(
@@ -493,17 +670,34 @@ class LeaseKeeper:
         owner: str,
         lease_seconds: float,
         on_lost: Callable[[str], None] | None = None,
+        *,
+        run_ended: Callable[[], str | None] | None = None,
+        on_stopped: Callable[[str], None] | None = None,
     ) -> None:
         self._engine, self._queue, self._owner = engine, queue, owner
         self._held: set[int] = {row_ids} if isinstance(row_ids, int) else set(row_ids)
         self._lease_seconds = lease_seconds
         self._on_lost = on_lost
+        self._run_ended, self._on_stopped = run_ended, on_stopped
         self._guard = threading.Lock()
+        # Held while rows begin and while the work stops, so a stop either comes first (they do not
+        # begin) or after (they are in flight): never a row begun and its lease ended as unbegun.
+        self._beginning = threading.Lock()
+        self._began: set[int] = set()
         self._stop = threading.Event()
         self.lost = threading.Event()
         self.lost_ids: set[int] = set()
+        self.stopped = threading.Event()
+        self.stop_reason: str | None = None
         name = f"lease-{queue.table.name}-{min(self._held) if self._held else 'none'}"
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        """How often the leases are renewed and the run's status asked: a third of the lease, at most
+        ``HEARTBEAT_SECONDS`` (so two missed renewals still leave time for a third, and a run Dagster ended
+        is noticed within seconds however long the lease)."""
+        return max(0.5, min(self._lease_seconds / 3, HEARTBEAT_SECONDS))
 
     def is_lost(self, row_id: int) -> bool:
         with self._guard:
@@ -513,10 +707,65 @@ class LeaseKeeper:
         with self._guard:
             self._held.discard(row_id)
 
+    def begin(self, row_ids: Sequence[int], mark: Callable[[Sequence[int]], set[int]]) -> set[int]:
+        """The rows among ``row_ids`` whose actions may begin now: ``mark`` records them begun (one statement,
+        fenced by owner and live lease) and returns those it marked; none once the work has stopped."""
+        with self._beginning:
+            if self.stopped.is_set() or not row_ids:
+                return set()
+            began = mark(row_ids)
+            with self._guard:
+                self._began.update(began)
+            return began
+
+    def check_run(self) -> str | None:
+        """Why the work stopped, asking ``run_ended`` now if it has not yet; None while the run goes on.
+
+        A failure to ask (Dagster's storage unreachable) is no evidence the run ended: the work goes on.
+        """
+        if self.stopped.is_set() or self._run_ended is None:
+            return self.stop_reason
+        try:
+            why = self._run_ended()
+        except Exception:  # any error of Dagster's storage; the next heartbeat asks again
+            return None
+        if why is not None:
+            self._stop_work(why)
+        return self.stop_reason
+
+    def _stop_work(self, why: str) -> None:
+        with self._beginning:
+            if self.stopped.is_set():
+                return
+            self.stop_reason = why
+            self.stopped.set()
+            noun = self._queue.row_noun.lower()
+            with self._guard:
+                if self._queue.action_began is None:
+                    held, self._held = len(self._held), set()
+                    message = f"{why}: this worker stops and renews the leases of its {held} {noun}(s) no more."
+                    unbegun: list[int] = []
+                else:
+                    unbegun = sorted(self._held - self._began)
+                    self._held.difference_update(unbegun)
+                    message = (
+                        f"{why}: this worker begins no further action. {len(unbegun)} {noun}(s) not begun are "
+                        f"handed back by the next claiming tick, their attempts not spent; {len(self._held)} in "
+                        "flight keep their leases until their outcomes are recorded."
+                    )
+        if unbegun:
+            try:
+                with self._engine.begin() as conn:
+                    end_leases(conn, self._queue, unbegun, self._owner)
+            except sa.exc.SQLAlchemyError:
+                pass  # their leases run out by themselves: this worker renews them no more
+        if self._on_stopped:
+            self._on_stopped(message)
+
     def _run(self) -> None:
-        # Renew at a third of the lease so two missed renewals still leave time for a third.
-        interval = max(0.5, self._lease_seconds / 3)
+        interval = self.heartbeat_seconds
         while not self._stop.wait(interval):
+            self.check_run()
             with self._guard:
                 held = sorted(self._held)
             if not held:

@@ -254,7 +254,9 @@ def test_run_started_after_its_claim_was_reclaimed_does_nothing(
         conn.execute(sa.update(t).values(lease_expires_at=datetime.now(UTC) - timedelta(seconds=1)))
     [fresh] = _tick(db_url, instance)
     assert executions_of_run(fresh.run_config) == [execution_id]
-    assert _row(engine, execution_id)["attempts"] == 2
+    # No run began the first claim's attempt: given back, and claimed again as the same attempt by another
+    # claim, whose run request has a key of its own (Dagster skips a request whose run key it has seen).
+    assert _row(engine, execution_id)["attempts"] == 1 and fresh.run_key != stale.run_key
     stale_result = perform(stale, db_url, instance)
     assert stale_result.success and outcomes(stale_result) == {execution_id: "SKIPPED"}
     assert hook.received == []
@@ -262,8 +264,7 @@ def test_run_started_after_its_claim_was_reclaimed_does_nothing(
     assert len(hook.received) == 1 and _row(engine, execution_id)["status"] == "SUCCEEDED"
     with engine.connect() as conn:
         attempts = [(a["attempt"], a["outcome"]) for a in list_attempts(conn, execution_id)]
-    # The first claim's lease expired before any run started it: it shows as a claim without a run.
-    assert attempts == [(2, "SUCCEEDED")]
+    assert attempts == [(1, "SUCCEEDED")]
 
 
 def test_reexecution_of_a_succeeded_batch_does_nothing(
@@ -328,14 +329,17 @@ def test_run_failure_sensor_reschedules_every_execution_a_dead_run_held(
     result = perform(request, db_url, instance, app_db=BrokenDatabase(url=db_url))
     assert not result.success
     assert [_row(engine, i)["status"] for i in ids] == ["SUCCEEDED", "RUNNING", "RUNNING"]
-    before = datetime.now(UTC)
     context = _run_status_context(result, instance, db_url, "execution_run_failure_sensor").for_run_failure()
     execution_run_failure_sensor(context)
     assert [_row(engine, i)["status"] for i in ids] == ["SUCCEEDED", "SCHEDULED", "SCHEDULED"]
-    assert all(result.run_id in _row(engine, i)["last_error"] for i in ids[1:])
-    # The worker started and failed before taking the rows over (its resource could not start): that may
-    # happen again, so the rows back off like any failed attempt (MARKETING_RETRY_BACKOFF_SECONDS, 60 s).
-    assert all(_row(engine, i)["due_at"] >= before + timedelta(seconds=55) for i in ids[1:])
+    # The worker started and failed before taking the rows over (its resource could not start: a database
+    # refusing connections, say). Nothing reached a receiver, so the attempts are given back, and the first
+    # such hand-back is due again at once; a run that keeps failing so delays the row more each time.
+    for i in ids[1:]:
+        row = _row(engine, i)
+        assert f"run {result.run_id} ended before it took this execution over" in row["last_error"]
+        assert row["last_error"].endswith("; not an attempt") and row["due_at"] <= datetime.now(UTC)
+        assert (row["attempts"], row["lost_attempts"], row["unstarted_runs"], row["handed_back"]) == (0, 0, 1, 1)
     execution_run_failure_sensor(context)  # a repeated event changes nothing: the rows are not held any more
     assert [_row(engine, i)["status"] for i in ids] == ["SUCCEEDED", "SCHEDULED", "SCHEDULED"]
     assert hook.received == []
@@ -346,7 +350,7 @@ def test_claims_of_a_run_whose_worker_never_started_are_due_again_at_once(
 ) -> None:
     # A launch that could not be delivered, or a run left STARTING when its code server's machine went
     # away: Dagster fails the run before any worker started. Nothing was tried, so nothing backs off; a dead
-    # replica costs a sensor tick, not a backoff (or, before this, a lease), nor one of the row's attempts.
+    # replica costs a sensor tick, not a backoff (or, before this, a lease), nor any of the row's attempts.
     ids = _schedule(engine, hook.url, max_attempts=1, n=2)
     [request] = _tick(db_url, instance)
     run = _run_of(instance, request)
@@ -365,10 +369,17 @@ def test_claims_of_a_run_whose_worker_never_started_are_due_again_at_once(
     rows = [_row(engine, i) for i in ids]
     assert [r["status"] for r in rows] == ["SCHEDULED", "SCHEDULED"]
     assert all(r["due_at"] <= datetime.now(UTC) for r in rows)
-    assert all("before it took this execution over; due again at once" in r["last_error"] for r in rows)
-    # The attempt was lost, not spent: each row's only attempt (max_attempts 1) is still to come, its last
-    # attempt moved out by one. MAX_LOST_ATTEMPTS keeps a launch that always fails from cycling for ever.
-    assert [(r["attempts"], r["lost_attempts"], r["max_attempts"]) for r in rows] == [(1, 1, 2)] * 2
+    assert all(
+        r["last_error"]
+        == f"run {run.run_id} never started (Run timed out due to taking longer than 60 seconds to start.); "
+        "not an attempt"
+        for r in rows
+    )
+    # The attempt was given back, not lost nor spent: each row's only attempt (max_attempts 1) is still to come.
+    # A launch that always fails delays the row more at each hand-back (UNSTARTED_DELAYS_SECONDS).
+    assert [(r["attempts"], r["lost_attempts"], r["max_attempts"], r["handed_back"]) for r in rows] == [
+        (0, 0, 1, 1)
+    ] * 2
     # ... and the next tick claims them again, and that run delivers each once.
     [again] = _tick(db_url, instance)
     assert sorted(executions_of_run(again.run_config)) == sorted(ids)
@@ -462,7 +473,7 @@ def test_a_claim_no_run_was_created_for_is_claimed_again_without_waiting_out_its
     assert again.tags[run_tags.CLAIMED_BY] != lost.tags[run_tags.CLAIMED_BY]
     rows = [_row(engine, i) for i in ids]
     assert [(r["status"], r["attempts"], r["lease_owner"]) for r in rows] == [
-        ("RUNNING", 2, again.tags[run_tags.CLAIMED_BY])
+        ("RUNNING", 1, again.tags[run_tags.CLAIMED_BY])  # the unlaunched claim gave its attempt back
     ] * 2
     # Had its run been created after all, it would find the rows owned by another claim and do nothing.
     perform(lost, db_url, instance)

@@ -1,4 +1,4 @@
-"""The shared lease protocol on both databases: claim limits, fencing, expiry, retries."""
+"""The shared lease protocol on both databases: claim limits, fencing, expiry, retries, hand-backs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import sqlalchemy as sa
 
 from marketing_pipelines.db.schema import marketing_execution as t
-from marketing_pipelines.executions.queue import EXECUTIONS, get_execution
+from marketing_pipelines.executions.queue import EXECUTIONS, begin_attempts, get_execution, start_attempts
 from marketing_pipelines.leasing import lease
 from marketing_pipelines_tests.factories import add_campaign, bulk_due_executions
 
@@ -16,6 +16,13 @@ from marketing_pipelines_tests.factories import add_campaign, bulk_due_execution
 def _claim(engine: sa.Engine, owner: str, limit: int, lease_s: float = 60) -> list[int]:
     with engine.begin() as conn:
         return [row["id"] for row in lease.claim_batch(conn, EXECUTIONS, owner, limit, lease_s)]
+
+
+def _begin(engine: sa.Engine, row_id: int, owner: str) -> None:
+    """What a run's worker records of a row it took over just before dispatching its action."""
+    with engine.begin() as conn:
+        start_attempts(conn, [get_execution(conn, row_id)], "run-1")  # type: ignore[list-item]
+        assert begin_attempts(conn, [row_id], owner) == {row_id}
 
 
 def _row(engine: sa.Engine, row_id: int) -> sa.RowMapping:
@@ -54,6 +61,7 @@ def test_stale_owner_cannot_renew_finish_or_fail(engine: sa.Engine) -> None:
     add_campaign(engine)
     bulk_due_executions(engine, 1)
     [row_id] = _claim(engine, "old", 1, lease_s=60)
+    _begin(engine, row_id, "old")
     with engine.begin() as conn:
         assert lease.recover_expired(conn, EXECUTIONS, at=_after(61)).requeued == (row_id,)
     assert _claim(engine, "new", 1) == [row_id]
@@ -86,8 +94,10 @@ def test_a_lease_expires_at_its_end_and_not_before(engine: sa.Engine) -> None:
     assert _row(engine, row_id)["status"] == "SCHEDULED"
 
 
-def _expire_one(engine: sa.Engine, owner: str) -> lease.Recovery:
+def _expire_one(engine: sa.Engine, owner: str, began: bool = True) -> lease.Recovery:
     assert _claim(engine, owner, 1, lease_s=60) == [1]
+    if began:
+        _begin(engine, 1, owner)
     with engine.begin() as conn:
         return lease.recover_expired(conn, EXECUTIONS, at=_after(61))
 
@@ -117,6 +127,7 @@ def test_a_lost_attempt_leaves_the_whole_budget_to_failures_of_the_work(engine: 
     # answers of 500: the second 500 is the last attempt of the two the row was given.
     assert _expire_one(engine, "expired") == lease.Recovery((1,), ())
     _claim(engine, "run-failed", 1)
+    _begin(engine, 1, "run-failed")
     with engine.begin() as conn:
         assert lease.retry_or_fail(conn, EXECUTIONS, 1, "run-failed", "run failed", 0, lost=True) == "SCHEDULED"
     for owner, status in (("w1", "SCHEDULED"), ("w2", "FAILED")):
@@ -184,3 +195,109 @@ def test_hold_for_extends_the_lease_and_the_keeper_no_longer_shortens_it(engine:
         assert lease.recover_expired(conn, EXECUTIONS) == lease.Recovery((), ())
     remaining = _row(engine, 1)["lease_expires_at"] - datetime.now(UTC)
     assert remaining > timedelta(seconds=55), remaining
+
+
+def test_an_expired_lease_whose_action_never_began_gives_its_attempt_back(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 1, max_attempts=1)
+    due = _row(engine, 1)["due_at"]
+    # A claim whose run never started, again and again (a launcher that fails every launch): more hand-backs
+    # than MAX_LOST_ATTEMPTS, and the row's one attempt is still to come.
+    for n in range(1, lease.MAX_LOST_ATTEMPTS + 4):
+        recovery = _expire_one(engine, f"claim:{n}", began=False)
+        assert recovery == lease.Recovery((1,), (), claims={f"claim:{n}": (1,)}, handed_back=(1,))
+        row = _row(engine, 1)
+        assert (row["status"], row["attempts"], row["lost_attempts"], row["max_attempts"]) == ("SCHEDULED", 0, 0, 1)
+        assert (row["unstarted_runs"], row["handed_back"]) == (n, n)
+        assert row["last_error"] == lease.LEASE_EXPIRED_UNBEGUN_ERROR
+        # The first is due again at once, in its place; each later one after a delay that grows, capped.
+        delay = lease.unstarted_delay_seconds(n)
+        assert row["due_at"] == (due if delay == 0 else row["updated_at"] + timedelta(seconds=delay))
+        with engine.begin() as conn:  # as if the delay had passed
+            conn.execute(sa.update(t).values(due_at=due))
+    assert [lease.unstarted_delay_seconds(n) for n in range(1, 10)] == [0, 5, 10, 20, 40, 80, 160, 300, 300]
+    # An attempt that reaches its action starts the count again, and is a try like any other.
+    assert _expire_one(engine, "worker", began=True) == lease.Recovery((1,), ())
+    row = _row(engine, 1)
+    assert (row["attempts"], row["lost_attempts"], row["unstarted_runs"], row["handed_back"]) == (1, 1, 0, 8)
+
+
+def test_a_taken_over_row_whose_action_never_began_is_handed_back_and_its_attempt_row_goes(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 2)
+    _claim(engine, "run:a", 2)
+    with engine.begin() as conn:  # the run took both over; it dispatched the first one's action only
+        start_attempts(conn, [get_execution(conn, 1), get_execution(conn, 2)], "a")  # type: ignore[list-item]
+        assert begin_attempts(conn, [1], "run:a") == {1}
+        recovery = lease.recover_expired(conn, EXECUTIONS, at=_after(61))
+    assert recovery == lease.Recovery((1, 2), (), handed_back=(2,))
+    assert [(_row(engine, i)["attempts"], _row(engine, i)["lost_attempts"]) for i in (1, 2)] == [(1, 1), (0, 0)]
+
+
+def test_begin_attempts_begins_only_rows_the_owner_holds_with_a_live_lease(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 3)
+    _claim(engine, "run:a", 3)
+    with engine.begin() as conn:
+        start_attempts(conn, [get_execution(conn, i) for i in (1, 2, 3)], "a")  # type: ignore[misc]
+        conn.execute(sa.update(t).where(t.c.id == 2).values(lease_owner="run:b"))  # another attempt's now
+        conn.execute(sa.update(t).where(t.c.id == 3).values(lease_expires_at=datetime.now(UTC) - timedelta(seconds=1)))
+        assert begin_attempts(conn, [1, 2, 3], "run:a") == {1}
+        assert begin_attempts(conn, [1], "run:a") == {1}  # again (a retried step): its first began_at stays
+
+
+def test_fence_leases_shortens_to_after_the_last_renewal_and_never_lengthens(engine: sa.Engine) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 3)
+    _claim(engine, "run:a", 3, lease_s=300)
+    with engine.begin() as conn:
+        conn.execute(sa.update(t).values(run_id="a"))
+        conn.execute(sa.update(t).where(t.c.id == 3).values(lease_owner="run:b"))  # not this run's
+        assert lease.fence_leases(conn, EXECUTIONS, [1, 2, 3], "run:a", "a", 15) == {1, 2}
+    for i in (1, 2):
+        row = _row(engine, i)
+        assert row["lease_expires_at"] == row["updated_at"] + timedelta(seconds=15)
+    assert _row(engine, 3)["lease_expires_at"] > _row(engine, 3)["updated_at"] + timedelta(seconds=200)
+    with engine.begin() as conn:  # a second report of the failure changes nothing, nor does a longer fence
+        assert lease.fence_leases(conn, EXECUTIONS, [1, 2], "run:a", "a", 15) == {1, 2}
+        assert lease.fence_leases(conn, EXECUTIONS, [1, 2], "run:a", "a", 60) == {1, 2}
+    row = _row(engine, 1)
+    assert row["lease_expires_at"] == row["updated_at"] + timedelta(seconds=15)
+    # A dead worker renews nothing: 15 s after its last renewal the rows expire and are requeued.
+    with engine.begin() as conn:
+        assert lease.recover_expired(conn, EXECUTIONS, at=row["updated_at"] + timedelta(seconds=16)).requeued == (1, 2)
+
+
+def test_the_keeper_renews_every_few_seconds_whatever_the_lease() -> None:
+    for lease_s, heartbeat in ((300, lease.HEARTBEAT_SECONDS), (6, 2.0), (1.2, 0.5)):
+        assert lease.LeaseKeeper(None, EXECUTIONS, [], "w", lease_s).heartbeat_seconds == heartbeat  # type: ignore[arg-type]
+
+
+def test_a_keeper_whose_run_ended_begins_nothing_hands_back_the_unbegun_and_keeps_what_is_in_flight(
+    engine: sa.Engine,
+) -> None:
+    add_campaign(engine)
+    bulk_due_executions(engine, 3)
+    _claim(engine, "run:a", 3, lease_s=1.5)
+    with engine.begin() as conn:
+        start_attempts(conn, [get_execution(conn, i) for i in (1, 2, 3)], "a")  # type: ignore[misc]
+    ended: list[str | None] = [None]
+    stopped: list[str] = []
+
+    def mark(ids: list[int]) -> set[int]:
+        with engine.begin() as conn:
+            return begin_attempts(conn, ids, "run:a")
+
+    with lease.LeaseKeeper(
+        engine, EXECUTIONS, [1, 2, 3], "run:a", 1.5, run_ended=lambda: ended[0], on_stopped=stopped.append
+    ) as keeper:
+        assert keeper.begin([1], mark) == {1}  # in flight
+        ended[0] = "Dagster run a is FAILURE, no longer STARTING or STARTED"
+        assert keeper.check_run() == ended[0] and keeper.stopped.is_set()
+        assert keeper.begin([2], mark) == set()  # nothing begins any more
+        time.sleep(2.5)  # past the lease: only the row in flight is still renewed
+        with engine.begin() as conn:
+            recovery = lease.recover_expired(conn, EXECUTIONS)
+    assert recovery == lease.Recovery((2, 3), (), handed_back=(2, 3))
+    assert _row(engine, 1)["status"] == "RUNNING"
+    assert len(stopped) == 1 and "2 execution(s) not begun" in stopped[0] and "1 in flight" in stopped[0]
