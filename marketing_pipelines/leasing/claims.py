@@ -10,8 +10,6 @@ reconciliation of a run that ended without recording.
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -30,6 +28,7 @@ from marketing_pipelines.leasing.lease import (
     claims_older_than,
     describe,
     expire_claims,
+    extend_claims,
     fence_leases,
     finish,
     recover_expired,
@@ -62,6 +61,8 @@ LEASE_SHORTENED = "RUNNING (lease shortened)"
 
 # The Dagster statuses in which a run's worker may work its rows.
 _WORKING = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
+# The statuses of a run that has not taken its claim over yet and still may: its claim is kept.
+_WAITING = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING)
 
 
 def run_owner(run_id: str) -> str:
@@ -166,7 +167,7 @@ def claim_requests(
     ``claimed.rows_of_run``; runs waiting for a slot of ``claimed.pool`` are alive).
     """
     queue = claimed.lease
-    unlaunched = end_unlaunched_claims(engine, queue, instance) if instance is not None else ()
+    unlaunched = end_unlaunched_claims(engine, queue, instance, claimed.lease_seconds) if instance is not None else ()
     with engine.begin() as conn:
         recovery = recover_expired(conn, queue)
         claimed.after_recovery(conn, recovery)
@@ -183,29 +184,6 @@ def claim_requests(
         if rows:
             claimed.after_claim(conn, rows, claimed_by)
     return Claim(claimed.run_requests(rows, claimed_by), len(rows), limit, recovery, abandoned, unlaunched)
-
-
-class _LaunchedClaims:
-    """Claims known to have a Dagster run, at most ``size`` of them: a claim never loses its run, so each
-    is looked up once, not on every tick while its runs wait in Dagster's queue."""
-
-    def __init__(self, size: int = 10_000) -> None:
-        self._seen: OrderedDict[str, None] = OrderedDict()
-        self._size = size
-        self._lock = threading.Lock()
-
-    def __contains__(self, claim: object) -> bool:
-        with self._lock:
-            return claim in self._seen
-
-    def add(self, claim: str) -> None:
-        with self._lock:
-            self._seen[claim] = None
-            while len(self._seen) > self._size:
-                self._seen.popitem(last=False)
-
-
-_launched_claims = _LaunchedClaims()
 
 
 def claiming_sensor(
@@ -261,28 +239,43 @@ def run_end_sensors(
 
 
 def end_unlaunched_claims(
-    engine: sa.Engine, queue: LeaseQueue, instance: Callable[[], dg.DagsterInstance | None]
+    engine: sa.Engine,
+    queue: LeaseQueue,
+    instance: Callable[[], dg.DagsterInstance | None],
+    lease_seconds: float,
 ) -> tuple[str, ...]:
-    """End the leases of tick claims that no Dagster run carries (``run_tags.CLAIMED_BY``); returns those owners.
+    """End the leases of tick claims that no Dagster run carries (``run_tags.CLAIMED_BY``), and keep those whose
+    runs wait; returns the owners ended.
 
-    Claims older than ``UNLAUNCHED_CLAIM_SECONDS`` are those of runs waiting in Dagster's queue (a
-    started run has taken its rows over) or of ticks whose runs were never created. Each is looked up
-    in Dagster once (run ids only); one found with a run is remembered. A run created after all finds
-    its rows owned by another claim and leaves them, as with any expired lease.
+    Claims older than ``UNLAUNCHED_CLAIM_SECONDS`` are those of runs waiting in Dagster's queue or starting
+    (a started run has taken its rows over), or of ticks whose runs were never created. All are looked up
+    in Dagster in one query. A claim without a run is ended now instead of a lease later; a run created
+    after all finds its rows owned by another claim and leaves them, as with any expired lease. A claim
+    whose run is QUEUED, NOT_STARTED or STARTING keeps its rows: its lease runs ``lease_seconds`` from
+    now (``extend_claims``). On a loaded machine a run may wait in the queue longer than a lease; handing
+    its rows to another claim then launched another run that waited as long, and the first one started
+    to find nothing to do, so the work went round the queue without being done. Dagster's queue is
+    where such waiting belongs (a run stuck STARTING fails at run monitoring's start timeout, and the
+    run-failure sensor hands its claim back).
     """
     with engine.connect() as conn:
-        owners = [o for o in claims_older_than(conn, queue, UNLAUNCHED_CLAIM_SECONDS) if o not in _launched_claims]
+        owners = claims_older_than(conn, queue, UNLAUNCHED_CLAIM_SECONDS)
     if not owners or (dagster := instance()) is None:
         return ()
-    unlaunched = []
-    for owner in owners:
-        if dagster.get_run_ids(dg.RunsFilter(tags={run_tags.CLAIMED_BY: owner}), limit=1):
-            _launched_claims.add(owner)
-        else:
-            unlaunched.append(owner)
-    if unlaunched:
+    launched: set[str] = set()
+    waiting: set[str] = set()
+    for record in dagster.get_run_records(dg.RunsFilter(tags={run_tags.CLAIMED_BY: owners})):
+        owner = record.dagster_run.tags.get(run_tags.CLAIMED_BY, "")
+        launched.add(owner)
+        if record.dagster_run.status in _WAITING:
+            waiting.add(owner)
+    unlaunched = [owner for owner in owners if owner not in launched]
+    if unlaunched or waiting:
         with engine.begin() as conn:
-            expire_claims(conn, queue, unlaunched)
+            if unlaunched:
+                expire_claims(conn, queue, unlaunched)
+            if waiting:
+                extend_claims(conn, queue, sorted(waiting), lease_seconds)
     return tuple(unlaunched)
 
 

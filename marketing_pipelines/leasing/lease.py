@@ -481,6 +481,26 @@ def expire_claims(conn: sa.Connection, queue: LeaseQueue, owners: Sequence[str])
     return conn.execute(stmt).rowcount
 
 
+def extend_claims(conn: sa.Connection, queue: LeaseQueue, owners: Sequence[str], lease_seconds: float) -> int:
+    """Let the rows still held by ``owners`` (tick owners only) run ``lease_seconds`` from now; never shortened.
+
+    Also takes back a lease that ran out since the last tick, as long as no recovery took the row: its claim
+    still owns it. ``updated_at`` stays the claim's time, so the claim is looked up again next tick.
+    """
+    t = queue.table
+    until = now_expr(conn, lease_seconds)
+    stmt = (
+        sa.update(t)
+        .where(
+            t.c.status == RUNNING,
+            _owned_by(queue, [o for o in owners if o.startswith(CLAIM_OWNER_PREFIX)]),
+            t.c.lease_expires_at < until,
+        )
+        .values(lease_expires_at=until)
+    )
+    return conn.execute(stmt).rowcount
+
+
 def _lost_values(
     queue: LeaseQueue, error: str, now: sa.ColumnElement[datetime]
 ) -> tuple[sa.ColumnElement[bool], dict[str, Any]]:

@@ -495,6 +495,29 @@ def test_a_claim_whose_run_waits_in_dagsters_queue_is_left_alone(
     assert instance.get_run_by_id(waiting.run_id).status == dg.DagsterRunStatus.NOT_STARTED  # type: ignore[union-attr]
 
 
+def test_a_claim_whose_run_waits_longer_than_its_lease_keeps_its_rows(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
+) -> None:
+    # Found by benchmarks/soak.py --overload (two stacks, load 30): runs waited in Dagster's queue longer than
+    # their claims' leases. Each expiry handed the rows to another claim and another run, which waited as
+    # long; the first started to find nothing to do, and after 10 minutes 146 of 150 executions were still
+    # SCHEDULED. A claim whose run waits keeps its rows, its lease running from each tick.
+    ids = _schedule(engine, hook.url, n=2)
+    [request] = _tick(db_url, instance)
+    _run_of(instance, request)  # NOT_STARTED, as a run waiting behind max_concurrent_runs is
+    _age_claim(engine, ids, UNLAUNCHED_CLAIM_SECONDS * 2)
+    with engine.begin() as conn:  # and the lease ran out while it waited
+        conn.execute(sa.update(t).where(t.c.id.in_(ids)).values(lease_expires_at=datetime.now(UTC) - timedelta(1)))
+    assert _tick(db_url, instance) == []
+    rows = [_row(engine, i) for i in ids]
+    assert {r["lease_owner"] for r in rows} == {request.tags[run_tags.CLAIMED_BY]}
+    assert all(r["lease_expires_at"] > datetime.now(UTC) + timedelta(seconds=60) for r in rows)
+    assert all(r["attempts"] == 1 for r in rows)
+    # When its run starts, it takes them over and sends each once.
+    assert perform(request, db_url, instance).success
+    assert sorted(received.path for received in hook.received) == sorted(f"/hook/{i}" for i in range(2))
+
+
 def test_a_run_that_died_before_taking_its_claim_over_is_failed_not_left_started(
     db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, hook: Recorder
 ) -> None:
