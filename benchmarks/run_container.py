@@ -5,7 +5,8 @@ launched in turn through two instances that share one PostgreSQL storage and one
 
 - subprocess: deploy/dagster.yaml's default run launcher, the run worker a child process of the code server;
 - container: deploy/docker/dagster.yaml's DockerRunLauncher, the run worker in a fresh container of the image
-  (host network, the secrets volume mounted, removed as it exits), as the Docker stack runs every run.
+  (host network, the secrets and compute-log volumes mounted, removed as it exits), as the Docker stack runs
+  every run.
 
 Both launch at once (`dagster job launch`, the default run coordinator: no daemon, no queue), one run at a
 time. Per run: launch to first op is Dagster's own event times, RUN_STARTING to STEP_START; CPU is the whole
@@ -47,7 +48,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")
 JOB = "marketing_execution_job"
 EMPTY_BATCH = {"ops": {"perform_executions": {"config": {"execution_ids": [], "claimed_by": "benchmark"}}}}
-VOLUME = "marketing-secrets"  # the name deploy/docker/dagster.yaml mounts into run containers
+VOLUME = "marketing-secrets"  # the names deploy/docker/dagster.yaml mounts into run containers
+LOG_VOLUME = "marketing-compute-logs"  # created by the engine at the first run container; removed at the end
 
 
 def cpu_seconds() -> float:
@@ -147,8 +149,9 @@ def main() -> None:
         sys.exit("no Docker engine answers (Debian: apt-get install docker.io, then start dockerd)")
     if subprocess.run(["docker", "image", "inspect", args.image], capture_output=True).returncode != 0:
         sys.exit(f"no image {args.image}: build it (deploy/README.md, 'The image') or pass --image")
-    if subprocess.run(["docker", "volume", "inspect", VOLUME], capture_output=True).returncode == 0:
-        sys.exit(f"the volume {VOLUME} exists (a Docker stack runs on this engine): stop it first")
+    for volume in (VOLUME, LOG_VOLUME):
+        if subprocess.run(["docker", "volume", "inspect", volume], capture_output=True).returncode == 0:
+            sys.exit(f"the volume {volume} exists (a Docker stack runs on this engine): stop it first")
 
     folder = Path(tempfile.mkdtemp(prefix="mp-run-container-"))
     folder.chmod(0o755)
@@ -211,13 +214,14 @@ def main() -> None:
                 floor.append(engine_floor(args.image))
             dagster.dispose()
     finally:
-        # The last run's container may still be being removed, and holds the volume until it is.
+        # The last run's container may still be being removed, and holds the volumes until it is.
         deadline = time.monotonic() + 60
-        while subprocess.run(["docker", "volume", "rm", "-f", VOLUME], capture_output=True).returncode != 0:
-            if time.monotonic() > deadline:
-                print(f"the volume {VOLUME} is still in use: remove it with `docker volume rm {VOLUME}`")
-                break
-            time.sleep(1)
+        for volume in (VOLUME, LOG_VOLUME):
+            while subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True).returncode != 0:
+                if time.monotonic() > deadline:
+                    print(f"the volume {volume} is still in use: remove it with `docker volume rm {volume}`")
+                    break
+                time.sleep(1)
         if server is not None:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait(timeout=30)

@@ -13,6 +13,9 @@
 #
 # Safe to run again: each step does nothing when there is nothing to do.
 #
+# The image has neither psql nor this script: its `migrate` command (deploy/container/migrate, the Docker stack's
+# one-shot service) runs the same three steps there, with the migration roles' credentials given as files.
+#
 # A release that changes the application schema is not a rolling one: every new process of the old code
 # (each run worker) refuses a schema newer than it knows, and the new code refuses an older one. Stop the
 # daemon and let running runs finish before this script, start the new code servers after it

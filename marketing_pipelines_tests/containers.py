@@ -37,14 +37,15 @@ def compose_command() -> list[str]:
 @functools.cache
 def _build() -> tuple[str, str]:
     """(tag, "") once built, or ("", why it failed): one build per session, for every test that needs it."""
-    if docker("image", "inspect", "python:3.11-slim").returncode != 0:
-        if shutil.which("debootstrap") is None:
-            return "", "skip: python:3.11-slim cannot be pulled here and debootstrap is missing to build the stand-in"
-        base = subprocess.run(
-            [str(REPO_ROOT / "deploy" / "container" / "build-base.sh")], capture_output=True, text=True, timeout=900
-        )
-        if base.returncode != 0:
-            return "", base.stderr[-3000:]
+    if docker("image", "inspect", "python:3.11-slim").returncode != 0 and shutil.which("debootstrap") is None:
+        return "", "skip: python:3.11-slim cannot be pulled here and debootstrap is missing to build the stand-in"
+    # Also where the base exists (it returns at once then): build-base.sh copies pip's CA bundle for the build
+    # stage (deploy/container/build-ca.crt, git-ignored), which a fresh checkout does not have.
+    base = subprocess.run(
+        [str(REPO_ROOT / "deploy" / "container" / "build-base.sh")], capture_output=True, text=True, timeout=900
+    )
+    if base.returncode != 0:
+        return "", base.stderr[-3000:]
     built = subprocess.run(
         ["docker", "build", "-q", "-f", "deploy/container/Dockerfile", "-t", TAG, "."],
         cwd=REPO_ROOT,

@@ -11,7 +11,9 @@ the real files, and also on an edited copy, to show that the check can fail.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
+import itertools
 import re
 import shlex
 import sys
@@ -34,12 +36,15 @@ DOCKERFILE = ROOT / "deploy" / "container" / "Dockerfile"
 VALUES = ROOT / "deploy" / "helm" / "values.yaml"
 INSTANCE = ROOT / "deploy" / "dagster.yaml"
 PYPROJECT = ROOT / "pyproject.toml"
+LOCK = ROOT / "requirements" / "runtime.txt"  # what the image installs, hashed (requirements/lock.sh)
 
 # Variables that Dagster or Python read themselves, which the files may set. Dagster's CLI reads
 # DAGSTER_CLI_<COMMAND>_<OPTION> for any option (Click's auto_envvar_prefix, dagster/_cli/__init__.py).
 RUNTIME_VARIABLES = {
     "DAGSTER_HOME",
     "DAGSTER_CLI_API_GRPC_FIXED_SERVER_ID",
+    "PATH",  # the image's: its command wrappers, then its virtual environment
+    "PIP_PYTHON",  # pip's --python: the base's pip looks at the image's virtual environment
     "PYTHONDONTWRITEBYTECODE",
     "PYTHONUNBUFFERED",
 }
@@ -220,23 +225,56 @@ def unknown_variables(names: list[tuple[str, str]], instance_variables: set[str]
     return problems
 
 
-def pin_problems(dockerfile_text: str, pins: Mapping[str, str]) -> list[str]:
-    """Ways the image could install a Dagster set other than pyproject's."""
+def lock_pins(lock_text: str) -> dict[str, str]:
+    """``name==version`` of every package a hashed lock file pins, by normalised name."""
+    return {
+        match["name"].lower().replace("_", "-"): match["version"]
+        for match in re.finditer(r"^(?P<name>[A-Za-z0-9][\w.-]*)==(?P<version>[^\s\\;]+)", lock_text, re.M)
+    }
+
+
+def pin_problems(dockerfile_text: str, pins: Mapping[str, str], lock_text: str) -> list[str]:
+    """Ways the image could install a Dagster set other than pyproject's, or anything but the hashed lock."""
+    where = "deploy/container/Dockerfile"
     problems = []
     commands = list(pip_commands(dockerfile_text))
-    if not any(
-        instruction == "COPY" and "pyproject.toml" in arguments.split()
-        for instruction, arguments in dockerfile_instructions(dockerfile_text)
-    ):
-        problems.append("deploy/container/Dockerfile: pyproject.toml is not copied, so its pins cannot apply")
-    if not any("." in arguments for arguments in commands):
-        problems.append(
-            "deploy/container/Dockerfile: no `pip install .` or `pip wheel .` installs the project and its pins"
-        )
+    copied = [arguments.split() for keyword, arguments in dockerfile_instructions(dockerfile_text) if keyword == "COPY"]
+    if not any("pyproject.toml" in sources for sources in copied):
+        problems.append(f"{where}: pyproject.toml is not copied, so its pins cannot apply")
+    # The dependencies: the lock's files and no others (`--require-hashes` refuses anything unhashed).
+    lock_name = LOCK.relative_to(ROOT).as_posix()
+    locked = [
+        arguments
+        for arguments in commands
+        if any(a == "-r" and b.split("/")[-1] == LOCK.name for a, b in itertools.pairwise(arguments))
+    ]
+    if not any(lock_name in sources for sources in copied) or not locked:
+        problems.append(f"{where}: does not install {lock_name}")
+    elif not all("--require-hashes" in arguments for arguments in locked):
+        problems.append(f"{where}: installs {lock_name} without --require-hashes")
+    # The project: its own code only, its dependencies being the lock's.
+    project = [arguments for arguments in commands if "." in arguments]
+    if not project:
+        problems.append(f"{where}: no `pip install .` or `pip wheel .` installs the project")
+    elif not all("--no-deps" in arguments for arguments in project):
+        problems.append(f"{where}: installs the project with its dependencies, beside the lock's")
     library_version = pins["dagster-postgres"]
+    # A package pyproject pins takes that pin, and both launchers' libraries the library line's release (dagster-k8s
+    # 0.29.27 pairs with dagster 1.13.27, as dagster-postgres does); what they bring in is on one of the two lines.
+    releases = {pins["dagster"], library_version}
+    for name, version in sorted(lock_pins(lock_text).items()):
+        if not name.startswith("dagster"):
+            continue
+        wanted = pins.get(name) or (library_version if name in ("dagster-k8s", "dagster-docker") else None)
+        if wanted is not None and version != wanted:
+            problems.append(f"{lock_name}: pins {name}=={version}, pyproject.toml's set needs {name}=={wanted}")
+        elif version not in releases:
+            problems.append(f"{lock_name}: pins {name}=={version}, off the release lines {sorted(releases)}")
+    missing = sorted({*pins, "dagster-k8s", "dagster-docker"} - set(lock_pins(lock_text)))
+    problems += [f"{lock_name}: does not pin {name}, which the image needs" for name in missing]
     for arguments in commands:
         for token in arguments:
-            if token.startswith(("-", "/", ".")) or token.endswith(".whl"):
+            if token.startswith(("-", "/", ".")) or token.endswith((".whl", ".txt")):
                 continue
             try:
                 requirement = Requirement(token)
@@ -244,21 +282,14 @@ def pin_problems(dockerfile_text: str, pins: Mapping[str, str]) -> list[str]:
                 continue
             if not requirement.name.startswith("dagster"):
                 continue
-            # A package pyproject pins takes that pin; any other Dagster library takes the library
-            # line's release (dagster-k8s 0.29.27 pairs with dagster 1.13.27, as dagster-postgres does).
             wanted = pins.get(requirement.name, library_version)
             if str(requirement.specifier) != f"=={wanted}":
-                problems.append(
-                    f"deploy/container/Dockerfile: installs {token!r}, pyproject.toml's set needs "
-                    f"{requirement.name}=={wanted}"
-                )
+                problems.append(f"{where}: installs {token!r}, pyproject.toml's set needs {requirement.name}=={wanted}")
     # Even a comment naming another Dagster release would mislead the reader of the file.
     known_versions = set(pins.values())
     for version in re.findall(r"(?<![\w.])\d+\.\d+\.\d+(?![\w.])", dockerfile_text):
         if version not in known_versions:
-            problems.append(
-                f"deploy/container/Dockerfile: names version {version}, not one of pyproject's Dagster pins"
-            )
+            problems.append(f"{where}: names version {version}, not one of pyproject's Dagster pins")
     return problems
 
 
@@ -290,6 +321,7 @@ def instance_problems(values: Mapping[str, Any], instance: Mapping[str, Any]) ->
     daemon = values.get("dagsterDaemon", {})
     coordinator = daemon.get("runCoordinator", {})
     concurrency = dict(values.get("concurrency", {}))
+    retention = dict(values.get("retention", {}))
     monitoring = {"max_resume_run_attempts": DEFAULT_MAX_RESUME_RUN_ATTEMPTS, **instance["run_monitoring"]}
     # (values.yaml path, its value, dagster.yaml path, its value, whether values.yaml spells keys in camelCase)
     pairs = [
@@ -313,6 +345,9 @@ def instance_problems(values: Mapping[str, Any], instance: Mapping[str, Any]) ->
         ("concurrency.enabled", concurrency.pop("enabled", False), "concurrency (present)", True, False),
         ("concurrency", concurrency, "concurrency", instance["concurrency"], True),
         ("telemetry", values.get("telemetry", {}), "telemetry", instance["telemetry"], True),
+        # The chart writes its retention into the instance only when enabled.
+        ("retention.enabled", retention.pop("enabled", False), "retention (present)", "retention" in instance, False),
+        ("retention", retention, "retention", instance.get("retention", {}), True),
     ]
     return [
         problem
@@ -410,32 +445,58 @@ def test_secrets_are_in_the_secret_and_never_in_clear_text(
     )
 
 
-def test_the_image_installs_pyprojects_dagster_set(dockerfile_text: str) -> None:
+@pytest.fixture(scope="module")
+def lock_text() -> str:
+    return LOCK.read_text(encoding="utf-8")
+
+
+def test_the_image_installs_pyprojects_dagster_set(dockerfile_text: str, lock_text: str) -> None:
     pins = dagster_pins()
     assert {"dagster", "dagster-postgres", "dagster-webserver", "dagster-graphql", "dagster-dg-cli"} <= set(pins)
-    assert pin_problems(dockerfile_text, pins) == []
-    # The run pods' launcher library is installed, on the library line.
-    assert any(f"dagster-k8s=={pins['dagster-postgres']}" in arguments for arguments in pip_commands(dockerfile_text))
+    assert pin_problems(dockerfile_text, pins, lock_text) == []
+    # Both launchers' libraries are in the lock, on the library line.
+    assert {"dagster-k8s", "dagster-docker"} <= set(lock_pins(lock_text))
 
 
 @pytest.mark.parametrize(
     ("old", "new", "expected"),
     [
-        # dagster-k8s from another release than dagster-postgres.
-        ('"dagster-k8s==0.29.27"', '"dagster-k8s==0.29.26"', "installs 'dagster-k8s==0.29.26'"),
-        # A core package pinned to another release than pyproject's.
-        ('"dagster-k8s==0.29.27"', '"dagster-k8s==0.29.27" "dagster==1.13.28"', "needs dagster==1.13.27"),
-        # A Dagster library left unpinned.
-        ('"dagster-k8s==0.29.27"', "dagster-k8s", "installs 'dagster-k8s'"),
+        # The lock installed without its hashes.
+        ("--require-hashes -r runtime.txt", "-r runtime.txt", "installs requirements/runtime.txt without --require"),
+        # The lock not installed at all: pip would resolve the dependencies afresh.
+        ("--require-hashes -r runtime.txt", "", "does not install requirements/runtime.txt"),
+        # The project installed with its dependencies, which pip would resolve beside the lock's.
+        ("--no-deps --no-build-isolation .", "--no-build-isolation .", "installs the project with its dependencies"),
+        # A Dagster library named beside the lock, unpinned.
+        ("--no-build-isolation .", "--no-build-isolation . dagster-k8s", "installs 'dagster-k8s'"),
         # The project itself no longer installed, so pyproject's pins would not apply.
-        ("--wheel-dir /wheels .", "--wheel-dir /wheels marketing-pipelines", "no `pip install .`"),
+        ("--no-build-isolation .", "--no-build-isolation marketing-pipelines", "no `pip install .`"),
     ],
 )
-def test_a_different_dagster_set_in_the_image_is_caught(
-    dockerfile_text: str, old: str, new: str, expected: str
+def test_a_different_install_in_the_image_is_caught(
+    dockerfile_text: str, lock_text: str, old: str, new: str, expected: str
 ) -> None:
     assert old in dockerfile_text
-    problems = pin_problems(dockerfile_text.replace(old, new), dagster_pins())
+    problems = pin_problems(dockerfile_text.replace(old, new), dagster_pins(), lock_text)
+    assert any(expected in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        # A core package locked at another release than pyproject's.
+        ("\ndagster==1.13.27 ", "\ndagster==1.13.28 ", "pins dagster==1.13.28, pyproject.toml's set needs dagster=="),
+        # dagster-k8s from another release than dagster-postgres.
+        ("\ndagster-k8s==0.29.27 ", "\ndagster-k8s==0.29.26 ", "pins dagster-k8s==0.29.26, pyproject.toml's set needs"),
+        # The Docker launcher's library left out of the lock.
+        ("\ndagster-docker==0.29.27 ", "\n ", "does not pin dagster-docker"),
+    ],
+)  # fmt: skip
+def test_a_different_dagster_set_in_the_lock_is_caught(
+    dockerfile_text: str, lock_text: str, old: str, new: str, expected: str
+) -> None:
+    assert old in lock_text
+    problems = pin_problems(dockerfile_text, dagster_pins(), lock_text.replace(old, new))
     assert any(expected in problem for problem in problems), problems
 
 
@@ -618,6 +679,7 @@ def test_a_moved_setting_stops_size_py_instead_of_printing_the_old_number(size_p
 
 DOCKER_INSTANCE = ROOT / "deploy" / "docker" / "dagster.yaml"
 DOCKER_SETTINGS = ROOT / "deploy" / "docker" / "settings.env"
+COMPOSE = ROOT / "deploy" / "docker" / "compose.yaml"
 # The storage's variables that are no secret; DAGSTER_PG_PASSWORD comes as a file, as every secret does.
 STORAGE_VARIABLES = {"DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_PG_DB"}
 
@@ -643,7 +705,8 @@ def docker_instance_problems(docker_instance: Mapping[str, Any], instance: Mappi
         for name in named
         if "=" not in name and name not in run_container_variables() | secrets()
     ]
-    rest = {key: value for key, value in docker_instance.items() if key != "run_launcher"}
+    # The launcher and the compute logs are the stack's own (compute_log_problems checks the latter).
+    rest = {key: value for key, value in docker_instance.items() if key not in ("run_launcher", "compute_logs")}
     expected = yaml.safe_load(yaml.safe_dump(dict(instance)))
     expected["run_monitoring"]["max_resume_run_attempts"] = 0
     problems += [
@@ -652,6 +715,37 @@ def docker_instance_problems(docker_instance: Mapping[str, Any], instance: Mappi
         if rest.get(key) != expected.get(key)
     ]
     return problems
+
+
+COMPUTE_LOG_MANAGERS = {
+    ("dagster.core.storage.local_compute_log_manager", "LocalComputeLogManager"),
+    ("dagster._core.storage.local_compute_log_manager", "LocalComputeLogManager"),
+}
+# The stack's processes that read or write the compute logs: the webserver shows them, the daemon's instance
+# names them, a code server's instance too.
+LOG_READERS = ("webserver", "daemon", "code_server_1", "code_server_2")
+
+
+def compute_log_problems(docker_instance: Mapping[str, Any], compose: Mapping[str, Any]) -> list[str]:
+    """Ways a run's stdout and stderr could end with its container, or be out of the webserver's reach."""
+    where = "deploy/docker/dagster.yaml"
+    manager = docker_instance.get("compute_logs") or {}
+    if (manager.get("module"), manager.get("class")) not in COMPUTE_LOG_MANAGERS:
+        return [f"{where} compute_logs is not Dagster's LocalComputeLogManager"]
+    base_dir = (manager.get("config") or {}).get("base_dir")
+    kwargs = docker_instance["run_launcher"]["config"].get("container_kwargs") or {}
+    mounted = {volume.split(":")[1]: volume.split(":") for volume in kwargs.get("volumes") or []}
+    if base_dir not in mounted or mounted[base_dir][-1] == "ro":
+        return [f"{where} run containers do not mount a volume at compute_logs.base_dir {base_dir} to write"]
+    volume = mounted[base_dir][0]
+    keys = [key for key, spec in (compose.get("volumes") or {}).items() if (spec or {}).get("name") == volume]
+    if not keys:
+        return [f"deploy/docker/compose.yaml has no volume named {volume} (the run containers' compute logs)"]
+    return [
+        f"deploy/docker/compose.yaml {service} does not mount {volume} at {base_dir}"
+        for service in LOG_READERS
+        if f"{keys[0]}:{base_dir}" not in compose["services"][service].get("volumes", [])
+    ]
 
 
 def secrets() -> set[str]:
@@ -666,6 +760,38 @@ def _env_vars(docker_instance: dict[str, Any]) -> list[str]:
 @pytest.fixture(scope="module")
 def docker_instance() -> dict[str, Any]:
     return yaml.safe_load(DOCKER_INSTANCE.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+
+
+def test_the_runs_compute_logs_outlive_their_containers(
+    docker_instance: dict[str, Any], compose: dict[str, Any]
+) -> None:
+    assert compute_log_problems(docker_instance, compose) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        # Dagster's default: the logs in DAGSTER_HOME, inside each run's container.
+        (lambda i, c: i.pop("compute_logs"), "compute_logs is not Dagster's LocalComputeLogManager"),
+        # A folder the run containers do not mount: the logs go with the container.
+        (lambda i, c: i["compute_logs"]["config"].update(base_dir="/tmp/logs"), "run containers do not mount"),
+        # The webserver without the volume: "View stdout/stderr" is empty.
+        (lambda i, c: c["services"]["webserver"]["volumes"].pop(3), "webserver does not mount marketing-compute-logs"),
+        # The stack's volume under another name than the run containers'.
+        (lambda i, c: c["volumes"]["compute-logs"].update(name="logs"), "has no volume named marketing-compute-logs"),
+    ],
+)  # fmt: skip
+def test_compute_logs_out_of_the_webservers_reach_are_caught(
+    docker_instance: dict[str, Any], compose: dict[str, Any], edit: Any, expected: str
+) -> None:
+    changed_instance, changed_compose = yaml.safe_load(yaml.safe_dump(docker_instance)), copy.deepcopy(compose)
+    edit(changed_instance, changed_compose)
+    assert any(expected in problem for problem in compute_log_problems(changed_instance, changed_compose))
 
 
 def test_the_docker_instance_is_the_shipped_one_with_a_launcher_given_names_only(
@@ -697,3 +823,78 @@ def test_the_stack_settings_file_names_every_setting_a_run_needs_and_no_secret()
     lines = [line for line in DOCKER_SETTINGS.read_text(encoding="utf-8").splitlines() if not line.startswith("#")]
     given = [line.split("=")[0] for line in lines if line.strip()]
     assert sorted(given) == sorted(run_container_variables()), set(given) ^ run_container_variables()
+
+
+# ---- Dagster's tick retention, in every shipped instance ----------------------------------------------
+
+# Every dagster.yaml the project ships: `dagster dev`'s, the several machines' (size.py prints it), the Docker stack's.
+SHIPPED_INSTANCES = {
+    "dagster.yaml": ROOT / "dagster.yaml",
+    "deploy/dagster.yaml": INSTANCE,
+    "deploy/docker/dagster.yaml": DOCKER_INSTANCE,
+}
+
+
+def retention_problems(where: str, instance_text: str, folder: Path) -> list[str]:
+    """Each kind of tick an instance lets Dagster keep forever, read as the daemon reads the file's `retention`."""
+    from dagster._core.definitions.run_request import InstigatorType
+    from dagster._core.instance.config import (
+        dagster_instance_config,
+        get_default_tick_retention_settings,
+        get_tick_retention_settings,
+    )
+
+    (folder / "dagster.yaml").write_text(instance_text, encoding="utf-8")
+    config, _ = dagster_instance_config(str(folder))  # also refuses a block Dagster's schema does not accept
+    retention = config.get("retention") or {}
+    problems = []
+    for kind, key in ((InstigatorType.SENSOR, "sensor"), (InstigatorType.SCHEDULE, "schedule")):
+        days = get_tick_retention_settings(retention.get(key), get_default_tick_retention_settings(kind))
+        problems += [f"{where}: {key} ticks {s.value} are kept forever" for s, d in days.items() if d <= 0]
+    return problems
+
+
+@pytest.mark.parametrize("where", SHIPPED_INSTANCES)
+def test_every_shipped_instance_purges_every_kind_of_tick(where: str, tmp_path: Path) -> None:
+    text = SHIPPED_INSTANCES[where].read_text(encoding="utf-8")
+    assert retention_problems(where, text, tmp_path) == []
+    # One block, the same in each (the Docker one is held to deploy/dagster.yaml key by key above).
+    assert yaml.safe_load(text)["retention"] == yaml.safe_load(INSTANCE.read_text(encoding="utf-8"))["retention"]
+
+
+def test_every_sizing_keeps_the_retention(size_py: Any, tmp_path: Path) -> None:
+    for cores in (1, 8, 32):
+        assert retention_problems(f"size.py --cores {cores}", size_py.render(size_py.sizing(cores)), tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        # No block: Dagster's defaults keep all but a sensor's skipped ticks forever.
+        (
+            lambda text: text[: text.index("\n# Dagster's own history")] + "\n",
+            [f"x: sensor ticks {s} are kept forever" for s in ("STARTED", "SUCCESS", "FAILURE")]
+            + [f"x: schedule ticks {s} are kept forever" for s in ("STARTED", "SKIPPED", "SUCCESS", "FAILURE")],
+        ),
+        # -1 is Dagster's "keep".
+        (
+            lambda text: text.replace("      skipped: 1\n", "      skipped: -1\n"),
+            ["x: sensor ticks SKIPPED are kept forever"],
+        ),
+    ],
+)  # fmt: skip
+def test_an_instance_that_keeps_ticks_is_caught(edit: Any, expected: list[str], tmp_path: Path) -> None:
+    assert retention_problems("x", edit(INSTANCE.read_text(encoding="utf-8")), tmp_path) == expected
+
+
+def test_a_changed_retention_in_the_helm_values_is_named(values: dict[str, Any], instance: dict[str, Any]) -> None:
+    changed = yaml.safe_load(yaml.safe_dump(values))
+    changed["retention"]["sensor"]["purgeAfterDays"]["skipped"] = 7
+    assert instance_problems(changed, instance) == [
+        "deploy/helm/values.yaml retention.sensor.purgeAfterDays.skipped = 7,"
+        " deploy/dagster.yaml retention.sensor.purge_after_days.skipped = 1"
+    ]
+    changed["retention"]["enabled"] = False
+    assert "deploy/helm/values.yaml retention.enabled = False, deploy/dagster.yaml retention (present) = True" in (
+        instance_problems(changed, instance)
+    )
