@@ -35,6 +35,14 @@ It exits non-zero when a check fails.
     python benchmarks/soak.py --help
     python benchmarks/soak.py                                   # default sizes (about 15-25 min here)
     python benchmarks/soak.py --executions 200 --agent-runs 10 --backfill-days 10 --spread 40 --no-calm
+    python benchmarks/soak.py --overload --fail-rate 0 --stall-rate 0 --faults daemon,run,code   # overloaded
+
+``--overload`` replaces the faults round with one under pressure (``_pressure.py``: CPU-bound processes,
+a disk writer syncing 256 MB files, and a client taking every free PostgreSQL connection 8 s of every
+20), with ``--stacks`` whole deployments loaded at once on the same PostgreSQL server. With a receiver
+that fails nothing, it checks that every execution SUCCEEDED: overload makes the work slower, never
+failed. Each round prints its executions per minute and due-to-SUCCEEDED latency (median, 95th
+percentile, max), so calm and overload compare side by side (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ import sqlalchemy as sa
 from _common import ReceiverServer, print_table, throwaway_database
 from _daemon import Daemon, daemon_env, dagster_bin, dagster_storage_database, log_findings
 from _measurement_events import generate_events
+from _pressure import Pressure
 from backfill import asset_backfill, day_totals, free_port, graphql, launch
 
 from marketing_pipelines.agents import users
@@ -83,6 +92,9 @@ DEPLOY = REPO_ROOT / "deploy"
 CAMPAIGN = "soak-launch"
 RELEASE = "soak-release"
 WEBHOOK_TIMEOUT_S = 2.0  # MARKETING_WEBHOOK_TIMEOUT_SECONDS: a stall lasts longer than this
+# Under --overload the shipped timeout: the receiver, in this process, is starved like everything else, and
+# a 2 s answer would be a timeout of this script's making, not of the machine under test.
+OVERLOAD_WEBHOOK_TIMEOUT_S = 10.0
 TERMINAL_AGENT = {"SUCCEEDED", "FAILED", "REFUSED", "CANCELLED"}
 
 
@@ -101,6 +113,7 @@ class Receiver:
     seed: int
     fail_rate: float
     stall_rate: float
+    timeout_s: float = WEBHOOK_TIMEOUT_S  # the sender's (MARKETING_WEBHOOK_TIMEOUT_SECONDS)
     deliveries: list[Delivery] = field(default_factory=list)
     alerts: list[str] = field(default_factory=list)  # the text of each alert message (always answered 200)
     applied: set[str] = field(default_factory=set)  # keys answered 200: their effect happened
@@ -147,7 +160,7 @@ class Receiver:
                 with receiver.lock:
                     receiver.deliveries.append(delivery)
                 if answer == "stalled":
-                    time.sleep(WEBHOOK_TIMEOUT_S + 1)  # the client has given up by now
+                    time.sleep(receiver.timeout_s + 1)  # the client has given up by now
                     return
                 if answer == "200":
                     with receiver.lock:
@@ -155,7 +168,7 @@ class Receiver:
                 self.send_response(int(answer))
                 self.send_header("content-length", "0")
                 self.end_headers()
-                if answer == "200" and time.monotonic() - received > WEBHOOK_TIMEOUT_S:
+                if answer == "200" and time.monotonic() - received > receiver.timeout_s:
                     # Answered after the sender's timeout (this process was starved of CPU): the sender saw a
                     # timeout and will try again, so this 200 is an effect it could not know of.
                     delivery.answer = "200 late"
@@ -227,6 +240,11 @@ class Deployment:
             replica.stop()
 
 
+# The deployments running now: a stop of this script (SIGTERM) while --overload's stacks run in threads
+# stops their processes from the main thread (overload_rounds).
+LIVE_DEPLOYMENTS: list[Deployment] = []
+
+
 @contextlib.contextmanager
 def deployment(app_url: str, logs: Path, overrides: Mapping[str, str]) -> Iterator[Deployment]:
     with dagster_storage_database() as pg:
@@ -255,11 +273,13 @@ def deployment(app_url: str, logs: Path, overrides: Mapping[str, str]) -> Iterat
         if migrate.returncode != 0:
             sys.exit(migrate.stdout.decode() + migrate.stderr.decode())
         deploy = Deployment(env, logs, ports, free_port())
+        LIVE_DEPLOYMENTS.append(deploy)
         try:
             deploy.start()
             yield deploy
         finally:
             deploy.stop()
+            LIVE_DEPLOYMENTS.remove(deploy)
 
 
 LOCATION_QUERY = """
@@ -486,6 +506,18 @@ class Sampler:
 # --- checks --------------------------------------------------------------------------------------------
 
 
+def due_to_done(engine: sa.Engine) -> tuple[float, float, float]:
+    """Seconds from due to SUCCEEDED over the round's executions: median, 95th percentile and max."""
+    t = marketing_execution
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(t.c.due_at, t.c.finished_at).where(t.c.status == "SUCCEEDED")).all()
+    # An execution's due_at moves with its retries: this is the wait after its last due time.
+    waits = sorted(max(0.0, (finished - due).total_seconds()) for due, finished in rows if finished and due)
+    if not waits:
+        return (0.0, 0.0, 0.0)
+    return (waits[len(waits) // 2], waits[min(len(waits) - 1, int(len(waits) * 0.95))], waits[-1])
+
+
 def execution_states(engine: sa.Engine) -> Counter[str]:
     with engine.connect() as conn:
         return Counter(conn.execute(sa.select(marketing_execution.c.status)).scalars())
@@ -583,6 +615,7 @@ class Round:
     after_last_fault_s: float = 0.0
     checks: list[tuple[str, bool, str]] = field(default_factory=list)
     machine: str = ""
+    latency_s: tuple[float, float, float] = (0.0, 0.0, 0.0)  # due to SUCCEEDED: median, 95th percentile, max
 
     def check(self, what: str, ok: bool, detail: Any = "") -> None:
         self.checks.append((what, ok, str(detail)))
@@ -645,6 +678,14 @@ def check_round(
         dict(states),
     )
     result.check("why executions FAILED", True, dict(failed_reasons.most_common(3)))
+    if args.fail_rate == 0 and args.stall_rate == 0 and "receiver" not in args.faults:
+        # Nothing in this round makes a delivery fail: a FAILED execution is overload or faults turned into
+        # failure, which they must never be (slower, not failed).
+        result.check(
+            "every execution SUCCEEDED (the receiver failed none, so nothing may fail)",
+            states["SUCCEEDED"] == args.executions,
+            f"{dict(states)}; FAILED because: {dict(failed_reasons.most_common(3))}",
+        )
     delivered = Counter(d.key for d in receiver.deliveries)
     never = all_keys - set(delivered)
     # What became of each attempt of a key never delivered: the fault that took it, by attempt number.
@@ -743,12 +784,21 @@ def dagster_url(env: Mapping[str, str]) -> str:
 # --- one round -----------------------------------------------------------------------------------------
 
 
-def run_round(label: str, args: argparse.Namespace, with_faults: bool, logs: Path) -> Round:
+def run_round(
+    label: str,
+    args: argparse.Namespace,
+    with_faults: bool,
+    logs: Path,
+    on_load: Callable[[], None] = lambda: None,
+    on_drained: Callable[[], None] = lambda: None,
+) -> Round:
+    """One round on fresh databases; ``on_load`` is called once its load is in, ``on_drained`` once it drained."""
     result = Round(label)
-    receiver = Receiver(args.seed, args.fail_rate, args.stall_rate)
+    timeout_s = OVERLOAD_WEBHOOK_TIMEOUT_S if args.overload else WEBHOOK_TIMEOUT_S
+    receiver = Receiver(args.seed, args.fail_rate, args.stall_rate, timeout_s)
     receiver.start()
     overrides = {
-        "MARKETING_WEBHOOK_TIMEOUT_SECONDS": str(WEBHOOK_TIMEOUT_S),
+        "MARKETING_WEBHOOK_TIMEOUT_SECONDS": str(timeout_s),
         "MARKETING_RETRY_BACKOFF_SECONDS": str(args.backoff),
         "MARKETING_EXECUTIONS_PER_RUN": str(args.per_run),
         "MARKETING_LATE_EVENTS_INTERVAL_SECONDS": "30",
@@ -774,6 +824,7 @@ def run_round(label: str, args: argparse.Namespace, with_faults: bool, logs: Pat
             loader = load_events(deploy.env, events_file, logs) if args.events else None
             days = [(date.today() - timedelta(days=d)).isoformat() for d in range(args.backfill_days, 0, -1)]
             backfill_id = launch(client, asset_backfill(days, ("measurement_daily_rollup",)))
+            on_load()
             plan = fault_plan(args, deploy, receiver, dagster) if with_faults else []
             last_fault = started
             for at, _name, action in plan:
@@ -788,6 +839,7 @@ def run_round(label: str, args: argparse.Namespace, with_faults: bool, logs: Pat
                     result.check("drained within --timeout", False, dict(execution_states(engine)))
                     break
                 time.sleep(2)
+            on_drained()
             if loader is not None:
                 loader.wait(timeout=args.timeout)
             # Late events (loaded after their day's rollup) are picked up by the late-events sensor: wait for it.
@@ -801,6 +853,7 @@ def run_round(label: str, args: argparse.Namespace, with_faults: bool, logs: Pat
             result.seconds_to_drain = time.monotonic() - started
             result.after_last_fault_s = time.monotonic() - last_fault if plan else 0.0
             result.executions_per_minute = args.executions / (result.seconds_to_drain / 60)
+            result.latency_s = due_to_done(engine)
             check_round(result, engine, dagster, receiver, deploy, args)
             dagster.dispose()
             findings = log_findings(deploy.logs / "daemon.0.log", limit=8)
@@ -849,6 +902,17 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1200.0, help="seconds a round may take to drain")
     parser.add_argument("--no-calm", action="store_true", help="skip the round without faults (no ratio)")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the processes' logs here")
+    parser.add_argument(
+        "--overload",
+        action="store_true",
+        help="the second round under CPU, disk and connection pressure (benchmarks/_pressure.py), with --stacks "
+        "deployments sharing the PostgreSQL server, instead of the faults round; --faults still applies (to the "
+        "first stack); with --fail-rate 0 --stall-rate 0 and no receiver fault every execution must SUCCEED",
+    )
+    parser.add_argument("--stacks", type=int, default=2, help="deployments loaded at once under --overload (default 2)")
+    parser.add_argument(
+        "--cpu-burners", type=int, default=16, help="CPU-bound processes under --overload (default 16: load about 19)"
+    )
     args = parser.parse_args()
     args.faults = {f.strip() for f in args.faults.split(",") if f.strip()}
     if args.executions < 1 or not 0 <= args.fail_rate + args.stall_rate < 1 or args.backfill_days < 1:
@@ -857,16 +921,17 @@ def main() -> None:
         parser.error(f"--model-calls-per-minute must be between 1 and 100000, got {args.model_calls_per_minute}")
     if not 5 <= args.lease <= 86_400:
         parser.error(f"--lease must be between 5 and 86400 seconds, got {args.lease}")
+    if not 1 <= args.stacks <= 4 or not 0 <= args.cpu_burners <= 64:
+        parser.error(f"--stacks must be 1 to 4 and --cpu-burners 0 to 64, got {args.stacks} and {args.cpu_burners}")
 
     root = args.log_dir or Path(tempfile.mkdtemp(prefix="mp-soak-"))
-    rounds = []
-    for label, with_faults in (("calm", False), ("faults", True)):
-        if label == "calm" and args.no_calm:
-            continue
-        logs = root / f"{label}-{uuid.uuid4().hex[:6]}"
-        logs.mkdir(parents=True)
-        print(f"round {label}: logs in {logs}", flush=True)
-        rounds.append(run_round(label, args, with_faults, logs))
+    rounds: list[Round] = []
+    if not args.no_calm:
+        rounds.append(_round_in(root, "calm", args, with_faults=False))
+    if not args.overload:
+        rounds.append(_round_in(root, "faults", args, with_faults=True))
+    else:
+        rounds += overload_rounds(root, args)
 
     load_avg = os.getloadavg()
     failed = False
@@ -882,15 +947,82 @@ def main() -> None:
             if not ok:
                 print(f"round {r.label}: check failed: {what}: {detail}")
                 failed = True
-    by_label = {r.label: r for r in rounds}
-    if "calm" in by_label and "faults" in by_label:
-        ratio = by_label["faults"].executions_per_minute / by_label["calm"].executions_per_minute
+    for r in rounds:
+        median, p95, worst = r.latency_s
         print(
-            f"\nexecutions per minute: {by_label['faults'].executions_per_minute:.0f} with faults, "
-            f"{by_label['calm'].executions_per_minute:.0f} without; ratio {ratio:.2f} "
-            f"(load average {load_avg[0]:.1f} {load_avg[1]:.1f} {load_avg[2]:.1f}, {os.cpu_count()} cores)"
+            f"round {r.label}: {r.executions_per_minute:.0f} executions per minute; due to SUCCEEDED median "
+            f"{median:.1f} s, 95th percentile {p95:.1f} s, max {worst:.1f} s"
         )
+    calm = next((r for r in rounds if r.label == "calm"), None)
+    for r in rounds:
+        if calm is not None and r is not calm:
+            ratio = r.executions_per_minute / calm.executions_per_minute
+            print(
+                f"\nexecutions per minute: {r.executions_per_minute:.0f} in round {r.label}, "
+                f"{calm.executions_per_minute:.0f} calm; ratio {ratio:.2f} "
+                f"(load average {load_avg[0]:.1f} {load_avg[1]:.1f} {load_avg[2]:.1f}, {os.cpu_count()} cores)"
+            )
     sys.exit(1 if failed else 0)
+
+
+def _round_in(root: Path, label: str, args: argparse.Namespace, *, with_faults: bool, **hooks: Any) -> Round:
+    logs = root / f"{label.replace('/', '-')}-{uuid.uuid4().hex[:6]}"
+    logs.mkdir(parents=True)
+    print(f"round {label}: logs in {logs}", flush=True)
+    return run_round(label, args, with_faults, logs, **hooks)
+
+
+def overload_rounds(root: Path, args: argparse.Namespace) -> list[Round]:
+    """``--stacks`` deployments loaded at once on one PostgreSQL server, under CPU, disk and connection pressure.
+
+    Each stack has its own databases, processes and receiver; the faults of ``--faults`` hit the first one.
+    CPU and disk pressure last from the first start-up to the last check. Connections are taken from the
+    moment every stack's load is in until the first stack has drained: the stacks' set-up (databases
+    created, instance migrated) and the checks read the server, and a stack still loaded after the
+    first drained runs on under CPU and disk pressure only.
+    """
+    rounds: list[Round | None] = [None] * args.stacks
+    errors: list[BaseException] = []
+    loaded = threading.Semaphore(0)
+    pressure = Pressure(root / "pressure", cpu_burners=args.cpu_burners)
+
+    def one(i: int) -> None:
+        try:
+            rounds[i] = _round_in(
+                root,
+                f"overload/{i + 1}",
+                args,
+                with_faults=i == 0 and bool(args.faults),
+                on_load=loaded.release,
+                on_drained=pressure.connections_off,
+            )
+        except BaseException as exc:  # reported below; a stack that crashed is a failed round, not a hang
+            errors.append(exc)
+            loaded.release()
+
+    def all_loaded() -> None:
+        for _ in range(args.stacks):
+            loaded.acquire()
+        pressure.connections_on()
+
+    with pressure:
+        threading.Thread(target=all_loaded, daemon=True).start()
+        # Daemon threads: a SIGTERM unwinds the main thread only; it stops the stacks' processes itself.
+        threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(args.stacks)]
+        try:
+            for thread in threads:
+                thread.start()
+                time.sleep(5)  # the stacks' start-ups apart, as two operators' would be
+            for thread in threads:
+                thread.join()
+        except BaseException:
+            for deploy in list(LIVE_DEPLOYMENTS):
+                deploy.stop()
+            raise
+    print(f"overload: {pressure.summary()}", flush=True)
+    if errors:
+        raise errors[0]
+    return [r for r in rounds if r is not None]
 
 
 if __name__ == "__main__":

@@ -46,8 +46,8 @@ FAULTS = (
 
 @pytest.fixture
 def can_restart_postgres(pg_database: str) -> None:
-    # Skipped, like test_replica_failover.py, where the machine lacks a part: on a fresh machine the
-    # README's test command passes without them.
+    # Skipped where the machine lacks a part, like test_replica_failover.py; under CI=true that fails instead
+    # (.ci/run installs them).
     if shutil.which("haproxy") is None:
         require_or_skip("haproxy is not installed (Debian: apt-get install haproxy)")
     if os.geteuid() != 0 or shutil.which("pg_ctlcluster") is None:
@@ -84,3 +84,38 @@ def test_one_fault_of_each_kind_loses_and_strands_nothing(can_restart_postgres: 
         "no code server restarted by load alone",
     ):
         assert re.search(rf"{re.escape(check)}.*\s+yes\s", out), f"{check!r} not reported as holding\n{out}"
+
+
+OVERLOAD_ARGS = [
+    *("--executions", "150", "--per-run", "25", "--spread", "60"),
+    *("--agent-runs", "4", "--users", "2", "--backfill-days", "5", "--events", "1000"),
+    # A receiver that fails nothing: any FAILED execution is overload turned into failure.
+    *("--fail-rate", "0", "--stall-rate", "0", "--faults", "daemon,run"),
+    *("--overload", "--stacks", "2", "--cpu-burners", "12", "--no-calm", "--timeout", "600"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.overload
+@pytest.mark.timeout(1200)
+def test_overload_is_slowness_not_failure(can_restart_postgres: None, tmp_path: Path) -> None:
+    """Two stacks on one PostgreSQL server, CPU-bound processes, a disk writer syncing and every free
+    PostgreSQL connection taken 8 s of every 20, with a daemon kill and a run-worker kill: every
+    execution of both stacks SUCCEEDED."""
+    done = subprocess.run(
+        [sys.executable, str(SOAK), *OVERLOAD_ARGS, "--log-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=1140,
+        cwd=SOAK.parents[1],
+    )
+    out = done.stdout
+    assert re.search(r"overload: 12 CPU-bound processes; [1-9]\d* MB written", out), out[-4000:]
+    assert re.search(r"every PostgreSQL connection taken 8 s of every 20 s \([1-9]\d* times", out), out[-4000:]
+    failed_checks = [line for line in out.splitlines() if "check failed:" in line]
+    assert done.returncode == 0 and not failed_checks, f"{failed_checks}\n{out[-6000:]}\n{done.stderr[-3000:]}"
+    # Each stack's table has the check, holding (a renamed check would otherwise pass unseen).
+    held = re.findall(r"every execution SUCCEEDED \(the receiver failed none, so nothing may fail\)\s+yes\s", out)
+    assert len(held) == 2, out[-6000:]
+    for stack in ("overload/1", "overload/2"):
+        assert re.search(rf"round {re.escape(stack)}: \d+ executions per minute; due to SUCCEEDED median", out), out
