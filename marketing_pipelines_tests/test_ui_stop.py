@@ -68,9 +68,22 @@ def _sensor_ticks(home: Path) -> dict[str, list[Any]]:
         return {s.instigator_name: list(instance.get_ticks(s.instigator_origin_id, s.selector_id)) for s in states}
 
 
+# Python's report of an exception in a destructor, printed and ignored: Dagster 1.13.27's
+# GrpcServerCodeLocation.__del__ on a code location whose __init__ the interrupt cut short (it has no
+# _heartbeat_shutdown_event yet). Seen once in CI when the stop landed as the daemon opened the location;
+# nothing is stored and the stop goes on. It is not the stop's failure this test is about, but it does
+# print a traceback (the stop note of issue 45 says so).
+IGNORED_DESTRUCTOR = "Exception ignored in: <function CodeLocation.__del__"
+
+
 def _errors(log: Path) -> list[str]:
     lines = ANSI.sub("", log.read_text(errors="replace")).splitlines()
-    return [line for line in lines if " - ERROR - " in line or line.startswith("Traceback")]
+    ignored = {i + 1 for i, line in enumerate(lines) if line.startswith(IGNORED_DESTRUCTOR)}
+    return [
+        line
+        for i, line in enumerate(lines)
+        if (" - ERROR - " in line or line.startswith("Traceback")) and i not in ignored
+    ]
 
 
 def _start_ui(folder: Path, name: str) -> Child:
