@@ -77,7 +77,9 @@ class RateLimited(ServiceError):
     ``detail`` is the service's own words (status and start of the body), when there were any.
     """
 
-    def __init__(self, service: str, retry_after_s: float, detail: str = "") -> None:
+    def __init__(
+        self, service: str, retry_after_s: float, detail: str = "", rate_limits: dict[str, float] | None = None
+    ) -> None:
         retry_after_s = _clamp_wait(retry_after_s)
         if retry_after_s is None:
             retry_after_s = MAX_WAIT_HINT_S
@@ -85,6 +87,8 @@ class RateLimited(ServiceError):
         super().__init__(service, f"rate limited; retry in {retry_after_s:.0f}s{suffix}", status=429)
         self.retry_after_s = retry_after_s
         self.detail = detail
+        # The limits per minute the answer's headers stated (a model provider's, by LIMIT_UNITS name), maybe none.
+        self.rate_limits: dict[str, float] = dict(rate_limits or {})
 
 
 def is_rate_limited(response: httpx.Response) -> bool:
@@ -112,6 +116,9 @@ class HttpRetry:
     min_rate_limit_wait_s: float = 0.0
     # Which answers are rate limits; None is is_rate_limited (429 and a 403 with rate-limit headers).
     is_rate_limited: Callable[[httpx.Response], bool] | None = None
+    # False: a rate-limited answer is returned at once, unretried, for the caller to classify (the model
+    # providers: their wait is shared through the database with every replica, not slept in one process).
+    retry_rate_limits: bool = True
 
     def rate_limited(self, response: httpx.Response) -> bool:
         return (self.is_rate_limited or is_rate_limited)(response)
@@ -208,6 +215,8 @@ def send_with_retries(
         else:
             rate_limited = policy.rate_limited(response)
             if response.status_code not in RETRYABLE_STATUSES and not rate_limited:
+                return response
+            if rate_limited and not policy.retry_rate_limits:
                 return response
             response.read()
             last_problem = redact_text(f"HTTP {response.status_code}: {response.text[:200].strip()}")

@@ -11,7 +11,7 @@ import pytest
 from marketing_pipelines.agents.providers.anthropic import AnthropicModel
 from marketing_pipelines.agents.providers.offline import OfflineModel
 from marketing_pipelines.agents.providers.openai import OpenAIModel
-from marketing_pipelines.agents.providers.types import ModelProvider, ModelTurn, ToolCall, ToolSpec
+from marketing_pipelines.agents.providers.types import ModelProvider, ModelTurn, ToolCall, ToolSpec, usage_of
 from marketing_pipelines.http import RateLimited, ServiceError, server_wait_hint
 from marketing_pipelines.settings import MODEL_PROVIDERS
 from marketing_pipelines_tests.agents.fake_models import (
@@ -117,10 +117,12 @@ def test_anthropic_sends_tool_history_as_content_blocks() -> None:
     assert request.headers["x-api-key"] == "sk-ant-test"
     assert request.headers["anthropic-version"] == "2023-06-01"
     assert request.headers["content-type"] == "application/json"
+    cached = {"cache_control": {"type": "ephemeral"}}
     assert script.body() == {
         "model": "claude-sonnet-4-5",
         "max_tokens": 1024,
-        "system": SYSTEM,
+        # Prompt caching (on by default): the system prompt as a cacheable block, and the last tool marked.
+        "system": [{"type": "text", "text": SYSTEM, **cached}],
         "messages": [
             {"role": "user", "content": "How many signups did campaign 7 get?"},
             {
@@ -145,8 +147,13 @@ def test_anthropic_sends_tool_history_as_content_blocks() -> None:
             },
         ],
         "tools": [
-            {"name": spec.name, "description": spec.description, "input_schema": spec.input_schema}
-            for spec in (COUNT_SIGNUPS, SEND_EMAIL)
+            {
+                "name": COUNT_SIGNUPS.name,
+                "description": COUNT_SIGNUPS.description,
+                "input_schema": COUNT_SIGNUPS.input_schema,
+            },
+            {"name": SEND_EMAIL.name, "description": SEND_EMAIL.description, "input_schema": SEND_EMAIL.input_schema}
+            | cached,
         ],
     }
 
@@ -184,7 +191,8 @@ def test_anthropic_parses_tool_use_response() -> None:
         text="I'll count them.",
         tool_calls=(ToolCall(id="toolu_01A09q90qw90lq917835lq9", name="count_signups", arguments={"campaign_id": 7}),),
         stop_reason="tool_use",
-        usage={"input_tokens": 120, "output_tokens": 35},
+        usage=usage_of(input_tokens=120, output_tokens=35),
+        model="claude-sonnet-4-5",
     )
 
 
@@ -280,7 +288,8 @@ def test_openai_parses_tool_calls_with_null_content() -> None:
             ToolCall(id="call_def", name="send_email", arguments={}),
         ),
         stop_reason="tool_calls",
-        usage={"input_tokens": 80, "output_tokens": 12},
+        usage=usage_of(input_tokens=80, output_tokens=12),
+        model="gpt-4o-mini-2024-07-18",
     )
 
 
@@ -307,19 +316,22 @@ def test_openai_invalid_tool_arguments_are_a_problem_of_the_call_not_an_error() 
 
 
 @pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)
-def test_429_waits_for_retry_after_then_succeeds(
+def test_429_raises_rate_limited_with_retry_after_at_once(
     factory: ProviderFactory, ok_payload: dict, env_var: str, bad_request: dict
 ) -> None:
+    # Not slept in this process: the caller shares the wait with every replica through the database.
     script = Script(
         httpx.Response(429, headers={"retry-after": "7"}, json={"error": {"message": "slow down"}}),
         httpx.Response(200, json=ok_payload),
     )
 
-    turn = complete_once(factory(script))
+    with pytest.raises(RateLimited) as raised:
+        complete_once(factory(script))
 
-    assert turn.text == "Campaign 7 got 42 signups."
-    assert script.sleeps == [7.0]
-    assert len(script.requests) == 2
+    assert raised.value.retry_after_s == 7.0
+    assert "slow down" in str(raised.value)
+    assert script.sleeps == []
+    assert len(script.requests) == 1
 
 
 NOW = 1_800_000_000.0
@@ -338,11 +350,12 @@ def test_429_prefers_retry_after_ms_over_retry_after(
         httpx.Response(200, json=ok_payload),
     )
 
-    turn = complete_once(factory(script))
+    with pytest.raises(RateLimited) as raised:
+        complete_once(factory(script))
 
-    assert turn.text == "Campaign 7 got 42 signups."
-    assert script.sleeps == [1.5]
-    assert len(script.requests) == 2
+    assert raised.value.retry_after_s == 1.5
+    assert script.sleeps == []
+    assert len(script.requests) == 1
 
 
 @pytest.mark.parametrize(("factory", "ok_payload", "env_var", "bad_request"), PROVIDERS)
@@ -504,8 +517,9 @@ def test_offline_calls_two_tools_one_per_turn_then_summarises() -> None:
     ]
     final = turns[-1]
     assert final.stop_reason == "end_turn"
-    assert final.text == f"count_signups: 42\nsend_email: {'x' * 200}"
-    assert all(turn.usage == {"input_tokens": 0, "output_tokens": 0} for turn in turns)
+    assert final.text == f"count_signups: 42\nsend_email: {'x' * 250}"
+    assert all(turn.usage == usage_of() for turn in turns)
+    assert all(turn.model == "offline" for turn in turns)
 
 
 def test_offline_skips_a_tool_whose_required_arguments_are_missing() -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from marketing_pipelines.agents.providers.base import HTTPModel, ProviderSpec, int_or_zero
-from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec
+from marketing_pipelines.agents.providers.base import HTTPModel, ProviderSpec, model_name, token_count
+from marketing_pipelines.agents.providers.types import ModelTurn, ToolCall, ToolSpec, usage_of
 from marketing_pipelines.http import ServiceError
 from marketing_pipelines.settings import setting_field, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_depth, check_text_depth, without_lone_surrogates
@@ -34,25 +36,56 @@ class OpenAIModel(HTTPModel):
         body: dict[str, Any] = {
             "model": self.model,
             self.max_tokens_field: self.max_tokens,
-            "messages": _openai_messages(system, messages),
+            **self._estimated_parts(system, messages, tools),
         }
+        headers = {"authorization": f"Bearer {self.api_key or ''}", "content-type": "application/json"}
+        answer = self._post(OPENAI, f"{self.base_url.rstrip('/')}/chat/completions", headers, body)
+        turn = _parse_openai(answer.payload, self.name)
+        return dataclasses.replace(
+            turn, model=model_name(answer.payload.get("model"), self.model), rate_limits=answer.rate_limits
+        )
+
+    def _estimated_parts(self, system: str, messages: list[dict], tools: list[ToolSpec]) -> dict[str, Any]:
+        prompt: dict[str, Any] = {"messages": _openai_messages(system, messages)}
         # The API rejects an empty tools array.
         if tools:
-            body["tools"] = [
+            prompt["tools"] = [
                 {
                     "type": "function",
                     "function": {"name": tool.name, "description": tool.description, "parameters": tool.input_schema},
                 }
                 for tool in tools
             ]
-        headers = {"authorization": f"Bearer {self.api_key or ''}", "content-type": "application/json"}
-        payload = self._post(OPENAI, f"{self.base_url.rstrip('/')}/chat/completions", headers, body)
-        return _parse_openai(payload, self.name)
+        return prompt
+
+
+# A 429 with these says money ran out, not a rate: error.type insufficient_quota (also the broader type of the
+# codes below), or one of the billing codes (help.openai.com "Troubleshooting API rate limits and 429 errors").
+_SPEND_CODES = frozenset(
+    {
+        "insufficient_quota",
+        "credit_balance_exhausted",
+        "organization_usage_limit_exceeded",
+        "organization_spend_limit_exceeded",
+        "project_spend_limit_exceeded",
+    }
+)
+
+
+def _openai_spend_error(status: int, error: Mapping[str, Any]) -> bool:
+    # 402: what OpenAI-compatible servers (OpenRouter and the like) answer when credits ran out.
+    if status == 402:
+        return True
+    # isinstance first: a hostile code ([] or {}) cannot be looked up in a set.
+    said = (error.get("type"), error.get("code"))
+    return status == 429 and any(isinstance(value, str) and value in _SPEND_CODES for value in said)
 
 
 OPENAI = ProviderSpec(
     name="openai",
     resource_class=OpenAIModel,
+    limit_headers={"x-ratelimit-limit-requests": "requests", "x-ratelimit-limit-tokens": "tokens"},
+    is_spend_error=_openai_spend_error,
 )
 
 
@@ -134,13 +167,18 @@ def _parse_openai(payload: dict[str, Any], service: str) -> ModelTurn:
         arguments, problem = _parse_openai_arguments(function.get("arguments"))
         calls.append(ToolCall(id=raw_call["id"], name=tool_name, arguments=arguments, problem=problem))
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    # prompt_tokens includes the cached ones (billed at a discount): input_tokens is the rest, full price.
+    prompt_tokens = token_count(usage.get("prompt_tokens"))
+    cached = min(token_count(details.get("cached_tokens")), prompt_tokens)
     return ModelTurn(
         # A refusal arrives in its own field with content null; surface it rather than an empty turn.
         text=str(message.get("content") or message.get("refusal") or ""),
         tool_calls=tuple(calls),
         stop_reason=str(choices[0].get("finish_reason") or ""),
-        usage={
-            "input_tokens": int_or_zero(usage.get("prompt_tokens")),
-            "output_tokens": int_or_zero(usage.get("completion_tokens")),
-        },
+        usage=usage_of(
+            input_tokens=prompt_tokens - cached,
+            output_tokens=token_count(usage.get("completion_tokens")),
+            cache_read_input_tokens=cached,
+        ),
     )
