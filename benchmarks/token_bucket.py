@@ -1,8 +1,10 @@
 """Token-bucket acquires per second with 1, 4 and 8 processes, next to a bare single-row UPDATE.
 
-The bare statement (``UPDATE model_token_bucket SET tokens = tokens - 1 ... RETURNING tokens``,
+The bare statement (``UPDATE model_rate_limit SET tokens = tokens - 1 ... RETURNING tokens``,
 no refill arithmetic, no condition) on the same row and table is the ceiling: it is what one
-contended row can take. The bucket is sized so that it never runs dry during the measurement
+contended row can take. "call" is what the agent gate does before each model call: one admission
+against three rows at once (requests, input tokens, output tokens: ``token_bucket.reserve``). The
+bucket is sized so that it never runs dry during the measurement
 (capacity and rate far above what the machine reaches), so both sides measure the statement, not
 the limit. A second measurement with a small bucket checks over-admission against
 ``capacity + rate * elapsed`` (must be 0).
@@ -23,7 +25,11 @@ from _common import print_table, throwaway_database
 from marketing_pipelines.agents import token_bucket as tb
 from marketing_pipelines.db.engine import get_engine
 
-BARE = sa.text("UPDATE model_token_bucket SET tokens = tokens - 1 WHERE provider = 'bench' RETURNING tokens")
+BARE = sa.text(
+    "UPDATE model_rate_limit SET tokens = tokens - 1 "
+    "WHERE provider = 'bench' AND model = '*' AND unit = 'requests' RETURNING tokens"
+)
+CALL = {"requests": 1, "input_tokens": 1, "output_tokens": 1}
 
 
 def _worker(url: str, mode: str, seconds: float, start: Any, out: Any) -> None:
@@ -36,7 +42,12 @@ def _worker(url: str, mode: str, seconds: float, start: Any, out: Any) -> None:
     while time.time() < stop_at:
         before = time.time()
         with engine.begin() as conn:
-            ok = tb.try_acquire(conn, "bench") if mode == "bucket" else conn.execute(BARE).first() is not None
+            if mode == "bucket":
+                ok = tb.try_acquire(conn, "bench")
+            elif mode == "call":
+                ok = tb.reserve(conn, "bench", "bench-model", CALL) is not None
+            else:
+                ok = conn.execute(BARE).first() is not None
         if ok:
             # The bucket's own clock read for this admission lies between these two times.
             admitted.append((before, time.time()))
@@ -58,10 +69,13 @@ def _measure(url: str, mode: str, processes: int, seconds: float) -> tuple[float
     return len(admitted) / seconds, admitted, began
 
 
-def _configure(url: str, per_minute: float, burst: float) -> None:
+def _configure(url: str, per_minute: float, burst: float, units: tuple[str, ...] = ("requests",)) -> None:
     with get_engine(url).begin() as conn:
+        conn.execute(sa.text("DELETE FROM model_rate_limit WHERE provider = 'bench'"))
         tb.configure_bucket(conn, "bench", per_minute, burst)
-        conn.execute(sa.text("UPDATE model_token_bucket SET tokens = capacity WHERE provider = 'bench'"))
+        for unit in units:
+            if unit != "requests":
+                tb.configure_limit(conn, "bench", "bench-model", unit, per_minute, burst)
 
 
 def main() -> None:
@@ -79,6 +93,8 @@ def main() -> None:
                 # seconds, so this measures the statement, not the limit.
                 _configure(url, tb.MAX_CALLS_PER_MINUTE, tb.MAX_BURST)
                 bucket, _, _ = _measure(url, "bucket", processes, args.seconds)
+                _configure(url, tb.MAX_CALLS_PER_MINUTE, tb.MAX_BURST, tuple(CALL))
+                call, _, _ = _measure(url, "call", processes, args.seconds)
                 _configure(url, tb.MAX_CALLS_PER_MINUTE, tb.MAX_BURST)
                 bare, _, _ = _measure(url, "bare", processes, args.seconds)
                 capacity, rate = 5.0, args.limited_rate
@@ -92,10 +108,20 @@ def main() -> None:
                 admitted = [after for _, after in pairs]
                 over = sum(1 for i, t in enumerate(admitted) if i + 1 > capacity + rate * (t - began) + 1e-6)
                 allowed = capacity + rate * ((admitted[-1] if admitted else began) - began)
-                rows.append((processes, bucket, bare, bucket / bare, len(admitted), allowed, over))
+                rows.append((processes, bucket, call, bare, bucket / bare, call / bare, len(admitted), allowed, over))
             print_table(
                 f"token bucket on {database} (acquires per second)",
-                ["processes", "bucket", "bare UPDATE", "ratio", "limited: admitted", "allowed", "over-admitted"],
+                [
+                    "processes",
+                    "bucket",
+                    "call (3 rows)",
+                    "bare UPDATE",
+                    "ratio",
+                    "call ratio",
+                    "limited: admitted",
+                    "allowed",
+                    "over-admitted",
+                ],
                 rows,
             )
 

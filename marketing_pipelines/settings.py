@@ -18,9 +18,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
+import math
 import os
 from collections.abc import Mapping
 from datetime import date
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from urllib.parse import urlsplit
@@ -41,6 +44,103 @@ SECRETS_KEY_FILE = "secrets.key"
 ENV_PREFIX = "MARKETING_"
 _T = TypeVar("_T")
 MODEL_PROVIDERS = ("offline", "anthropic", "openai")
+
+
+# The model price table's defaults, USD per million tokens, as the providers publish them for standard (not batch)
+# calls; "cache_write" is Anthropic's 5-minute cache write (OpenAI bills no cache writes). Read on PRICES_READ_ON:
+# Anthropic at platform.claude.com/docs/en/about-claude/pricing and its model pages (models/<name>/overview).
+# Sonnet 5.5's page says $0.20 a cache read; price trackers report a cut to $0.10 from 2026-10-07 that no Anthropic
+# page here confirms, so the page's price stands (it overstates, never understates). Haiku 5.5 is left out: it is
+# priced by prompt length (5x above 100,000 tokens), which one price per token cannot say; give it in
+# MARKETING_MODEL_PRICES at the rate its prompts pay. OpenAI's own pricing page (developers.openai.com/api/docs/pricing)
+# was not reachable from here: its prices are the ones every gateway listing read then agrees on (Helicone, Vercel AI
+# Gateway, LiteLLM), cached input being what OpenAI calls "cached input".
+PRICES_READ_ON = "2026-12-07"
+_ANTHROPIC_OLD_OPUS = {"input": 15.0, "output": 75.0, "cache_read": 1.5, "cache_write": 18.75}
+_ANTHROPIC_OPUS = {"input": 5.0, "output": 25.0, "cache_read": 0.5, "cache_write": 6.25}
+_ANTHROPIC_SONNET_4 = {"input": 3.0, "output": 15.0, "cache_read": 0.3, "cache_write": 3.75}
+_ANTHROPIC_FABLE = {"input": 10.0, "output": 50.0, "cache_write": 12.5}
+DEFAULT_MODEL_PRICES: dict[str, dict[str, float]] = {
+    "claude-fable-5-1": {**_ANTHROPIC_FABLE, "cache_read": 0.25},
+    "claude-fable-5": {**_ANTHROPIC_FABLE, "cache_read": 1.0},
+    "claude-opus-5-5": {"input": 4.0, "output": 20.0, "cache_read": 0.2, "cache_write": 5.0},
+    "claude-opus-5": _ANTHROPIC_OPUS,
+    "claude-opus-4-8": _ANTHROPIC_OPUS,
+    "claude-opus-4-7": _ANTHROPIC_OPUS,
+    "claude-opus-4-6": _ANTHROPIC_OPUS,
+    "claude-opus-4-5": _ANTHROPIC_OPUS,
+    "claude-opus-4-1": _ANTHROPIC_OLD_OPUS,
+    "claude-opus-4-0": _ANTHROPIC_OLD_OPUS,
+    "claude-opus-4": _ANTHROPIC_OLD_OPUS,
+    "claude-sonnet-5-5": {"input": 2.0, "output": 10.0, "cache_read": 0.2, "cache_write": 2.5},
+    "claude-sonnet-5": {"input": 2.0, "output": 10.0, "cache_read": 0.2, "cache_write": 2.5},
+    "claude-sonnet-4-6": _ANTHROPIC_SONNET_4,
+    "claude-sonnet-4-5": _ANTHROPIC_SONNET_4,
+    "claude-sonnet-4-0": _ANTHROPIC_SONNET_4,
+    "claude-sonnet-4": _ANTHROPIC_SONNET_4,
+    "claude-haiku-4-5": {"input": 1.0, "output": 5.0, "cache_read": 0.1, "cache_write": 1.25},
+    "gpt-4.1": {"input": 2.0, "output": 8.0, "cache_read": 0.5, "cache_write": 2.0},
+    "gpt-4.1-mini": {"input": 0.4, "output": 1.6, "cache_read": 0.1, "cache_write": 0.4},
+    "gpt-4.1-nano": {"input": 0.1, "output": 0.4, "cache_read": 0.025, "cache_write": 0.1},
+    "gpt-4o": {"input": 2.5, "output": 10.0, "cache_read": 1.25, "cache_write": 2.5},
+    "gpt-4o-mini": {"input": 0.15, "output": 0.6, "cache_read": 0.075, "cache_write": 0.15},
+}
+PRICE_KEYS = ("input", "output", "cache_read", "cache_write")
+# USD per million tokens: above this a price is a typo (the dearest published price is $75 of Opus 4.1's output).
+MAX_PRICE_USD_PER_MTOK = 10_000
+MAX_PRICED_MODELS = 1000
+# A price is held exactly in pico-dollars per token (USD per million tokens to 6 decimals).
+PRICE_DECIMALS = 6
+
+
+def parse_model_prices(value: Any) -> dict[str, dict[str, float]]:
+    """MARKETING_MODEL_PRICES (a JSON object, or the mapping in code) checked: the defaults with its models added or
+    replaced. Raises ValueError naming the first model and key that is wrong. A model's missing cache prices are its
+    input price (a provider that bills no cache reads or writes bills them as input)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value, parse_constant=_refuse_constant)
+        except ValueError as exc:
+            raise ValueError(f"is not a JSON object of model prices ({str(exc).splitlines()[0][:80]})") from None
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            'must be a JSON object like {"model": {"input": 3.0, "output": 15.0}} (USD per million tokens)'
+        )
+    if len(value) > MAX_PRICED_MODELS:
+        raise ValueError(f"prices {len(value)} models; at most {MAX_PRICED_MODELS}")
+    given: dict[str, dict[str, float]] = {}
+    for model, price in value.items():
+        if not (isinstance(model, str) and 0 < len(model) <= 100 and model.isascii() and model.isprintable()) or (
+            any(c.isspace() for c in model)
+        ):
+            raise ValueError("a model name must be 1 to 100 printable ASCII characters without spaces")
+        if not isinstance(price, Mapping):
+            raise ValueError(f"model {model!r}: its price must be an object of {', '.join(PRICE_KEYS)}")
+        unknown = sorted(str(key)[:40] for key in price if key not in PRICE_KEYS)
+        if unknown:
+            raise ValueError(f"model {model!r}: unknown key {unknown[0]!r}; the keys are {', '.join(PRICE_KEYS)}")
+        missing = [key for key in ("input", "output") if key not in price]
+        if missing:
+            raise ValueError(f"model {model!r}: {missing[0]!r} is missing")
+        checked = {key: _price(model, key, price[key]) for key in price}
+        given[model] = {key: checked.get(key, checked["input"]) for key in PRICE_KEYS}
+    return {**DEFAULT_MODEL_PRICES, **given}
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a price")
+
+
+def _price(model: str, key: str, value: Any) -> float:
+    what = f"model {model!r}: {key!r}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number (USD per million tokens)")
+    # Compared before math.isfinite, which cannot take an int too large for a float; NaN fails every comparison.
+    if not 0 <= value <= MAX_PRICE_USD_PER_MTOK or not math.isfinite(value):
+        raise ValueError(f"{what} must be from 0 to {MAX_PRICE_USD_PER_MTOK} USD per million tokens")
+    if Decimal(repr(float(value))).as_tuple().exponent < -PRICE_DECIMALS:  # type: ignore[operator]
+        raise ValueError(f"{what} has more than {PRICE_DECIMALS} decimals")
+    return float(value)
 
 
 class SettingsError(ValueError):
@@ -118,6 +218,23 @@ class Settings(BaseSettings):
         2, ge=1, le=1000, description="Limit of the agent_runs Dagster concurrency pool."
     )
     max_model_calls_per_minute: int = Field(60, ge=1, le=100_000, description="Token-bucket rate per model provider.")
+    # Token limits in the providers' own units, for every model of every provider; unset, a unit is limited only
+    # where `limits set` configured it or a provider's answer said what its limit is (agents/token_bucket.py).
+    max_model_input_tokens_per_minute: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000_000,
+        description="Input tokens per minute per provider (Anthropic's ITPM); unset: none.",
+    )
+    max_model_output_tokens_per_minute: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000_000,
+        description="Output tokens per minute per provider (Anthropic's OTPM); unset: none.",
+    )
+    max_model_tokens_per_minute: int | None = Field(
+        None, ge=1, le=1_000_000_000, description="All tokens per minute per provider (OpenAI's TPM); unset: none."
+    )
     agent_lease_grace_seconds: int = Field(
         300,
         ge=5,
@@ -129,6 +246,13 @@ class Settings(BaseSettings):
     )
     agent_max_run_seconds: int = Field(300, ge=1, le=86_400, description="Default time limit of one agent run.")
     model_provider: str = Field("offline", description="Model provider for agents: offline, anthropic or openai.")
+    model_prices: Annotated[dict[str, dict[str, float]], NoDecode] = Field(
+        DEFAULT_MODEL_PRICES,
+        description="Model prices in USD per million tokens, a JSON object "
+        '{"model": {"input": 3.0, "output": 15.0, "cache_read": 0.3, "cache_write": 3.75}} that adds to or replaces '
+        f"the defaults (the providers' published prices, read on {PRICES_READ_ON}). A dated snapshot is priced as its "
+        "model (claude-sonnet-4-5-20250929 as claude-sonnet-4-5); a model without a price has an unknown cost.",
+    )
     measurement_start_date: date = Field(date(2026, 1, 1), description="First UTC day of the measurement partitions.")
     # Chosen from benchmarks/backfill.py (docs/PERFORMANCE.md, section 8).
     backfill_days_per_run: int = Field(
@@ -299,6 +423,21 @@ class Settings(BaseSettings):
         if problem:
             raise ValueError(problem)
         return SecretStr(text)
+
+    @field_validator("model_prices", mode="before")
+    @classmethod
+    def _model_prices(cls, value: Any) -> dict[str, dict[str, float]]:
+        return parse_model_prices(value)
+
+    def default_model_limits(self) -> dict[str, int]:
+        """The per-minute limit of each unit configured for every model of a provider (agents/token_bucket.py)."""
+        limits = {
+            "requests": self.max_model_calls_per_minute,
+            "input_tokens": self.max_model_input_tokens_per_minute,
+            "output_tokens": self.max_model_output_tokens_per_minute,
+            "tokens": self.max_model_tokens_per_minute,
+        }
+        return {unit: value for unit, value in limits.items() if value is not None}
 
     @field_validator("model_provider")
     @classmethod

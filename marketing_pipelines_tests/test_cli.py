@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -127,7 +128,8 @@ def test_out_of_range_numbers_are_one_line_and_change_nothing(
     result = cli(*args)
     assert result.exit_code in (1, 2) and message in result.output and "Traceback" not in result.output
     limits = json.loads(cli("limits", "show", "--json").output.split("\nagent_runs pool")[0])
-    assert {row["provider"]: row["calls_per_minute"] for row in limits}["openai"] == 60
+    calls = {row["provider"]: row["per_minute"] for row in limits if row["unit"] == "requests"}
+    assert calls["openai"] == 60
 
 
 def test_read_only_commands_never_create_a_database(tmp_path: Path) -> None:
@@ -276,10 +278,24 @@ def test_limits_show_rounds_and_report_names_days_outside_the_partitions(ready_d
         assert token_bucket.try_acquire(conn, "openai")  # leaves a refilling fraction, e.g. 59.0058...
     listed = json.loads(cli("limits", "show", "--json").output.split("\nagent_runs pool")[0])
     openai = next(row for row in listed if row["provider"] == "openai")
-    assert 59 <= openai["tokens"] < 60 and round(openai["tokens"], 2) == openai["tokens"]
+    assert 59 <= openai["available"] <= 60 and round(openai["available"], 2) == openai["available"]
     result = cli("report", "--campaign", "spring-launch", "--from", "2025-01-01", "--to", "2025-01-31")
     assert result.exit_code == 0
     assert "note: days before 2026-01-01 are outside the measurement partitions" in result.output
+
+
+def test_limits_show_reads_the_bucket_as_it_is_now_not_as_last_written(ready_db: Path, cli: Cli) -> None:
+    from marketing_pipelines.agents import token_bucket
+    from marketing_pipelines.db.engine import get_engine
+
+    assert cli("limits", "set", "offline", "--calls-per-minute", "60", "--burst", "3").exit_code == 0
+    with get_engine(f"sqlite:///{ready_db}").begin() as conn:
+        assert token_bucket.try_acquire(conn, "offline", 3)  # stored: 0 left
+    time.sleep(1.5)  # one call a second refills; nothing is written meanwhile
+    listed = json.loads(cli("limits", "show", "--json").output)
+    offline = next(row for row in listed if row["provider"] == "offline")
+    # The old `limits show` printed the stored 0 until the next call wrote the refill.
+    assert offline["available"] >= 1.0
 
 
 def test_loading_the_definitions_prints_no_beta_warning_about_sensor_owners() -> None:

@@ -18,6 +18,7 @@ CONFIGURED = {s.asset for s in SOURCES if s.name not in missing_variables(DEFAUL
 ASSETS = {
     "marketing_event",
     "measurement_daily_rollup",
+    "agent_model_cost_daily",
     "execution_queue",
     "agent_run_queue",
 } | CONFIGURED

@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.catalog import get_agent
 from marketing_pipelines.agents.queue import Transcript, get_agent_run, request_agent_run, transcript
-from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
+from marketing_pipelines.agents.runner import CallsGate, RunLimits, run_agent_loop
 from marketing_pipelines.cli import main
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import agent_run, campaign, marketing_execution
@@ -253,7 +253,7 @@ def test_an_agents_read_measurement_at_9999_12_31_answers_the_model(db_url: str)
         provider=scripted_openai(script),
         transcript=Transcript(engine, run_id, 1),
         limits=RunLimits(max_steps=4, deadline=time.monotonic() + 60),
-        acquire_model_token=lambda: None,
+        gate=CallsGate(lambda: None),
         egress=EgressPolicy(),
     )
     with engine.connect() as conn:

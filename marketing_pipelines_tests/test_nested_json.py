@@ -19,7 +19,7 @@ from marketing_pipelines.agents import users
 from marketing_pipelines.agents.catalog import TOOLS, ToolCallContext, get_agent
 from marketing_pipelines.agents.providers.offline import OfflineModel
 from marketing_pipelines.agents.queue import Transcript, get_agent_run, request_agent_run, transcript
-from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
+from marketing_pipelines.agents.runner import CallsGate, RunLimits, run_agent_loop
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.http import ServiceError
@@ -262,7 +262,7 @@ def test_a_too_deep_tool_call_is_a_recorded_denial_and_the_run_goes_on(engine: s
         provider=scripted_openai(script),
         transcript=Transcript(engine, run_id, 1),
         limits=RunLimits(max_steps=4, deadline=time.monotonic() + 60),
-        acquire_model_token=lambda: None,
+        gate=CallsGate(lambda: None),
         egress=EgressPolicy(),
     )
     assert (result.text, result.denials) == ("Done.", 1)

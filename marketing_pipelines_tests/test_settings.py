@@ -86,6 +86,8 @@ def test_every_field_a_resource_declares_a_setting_takes_that_settings_value() -
                "retry_backoff_seconds": 4.5, "webhook_timeout_seconds": 3.0, "webhook_concurrency": 5,
                "webhook_allow_networks": "127.0.0.0/8", "max_concurrent_agent_runs": 3,
                "max_model_calls_per_minute": 11, "agent_lease_grace_seconds": 77,
+               "max_model_input_tokens_per_minute": 20_000, "max_model_output_tokens_per_minute": 4_000,
+               "max_model_tokens_per_minute": 90_000, "model_prices": '{"m": {"input": 1, "output": 2}}',
                "health_due_lag_warn_seconds": 12.0, "health_due_lag_error_seconds": 13.0,
                "health_failed_last_hour_warn": 2, "health_failed_last_hour_error": 5,
                "dagster_ui_url": "http://127.0.0.1:3000", "alert_webhook_url": "https://hooks.example.com/T0/B0/x",

@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from marketing_pipelines.agents.assets import build_model_cost_asset
 from marketing_pipelines.agents.jobs import agent_run_job
 from marketing_pipelines.agents.models import model_resources
 from marketing_pipelines.agents.resources import AgentSettings
@@ -16,6 +17,7 @@ from marketing_pipelines.settings import Settings, resource_from_settings
 def build_defs(settings: Settings) -> dg.Definitions:
     """The domain's definitions as ``settings`` shape them: the claiming sensor's interval and the resources."""
     return dg.Definitions(
+        assets=[build_model_cost_asset(settings)],
         jobs=[agent_run_job],
         sensors=[
             build_queued_agent_runs_sensor(settings.sensor_interval_seconds),

@@ -16,12 +16,13 @@ import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
-from marketing_pipelines.agents import token_bucket
+from marketing_pipelines.agents import costs, token_bucket
+from marketing_pipelines.agents.admission import TOKEN_WAIT_S, LimitsGate
 from marketing_pipelines.agents.catalog import get_agent
 from marketing_pipelines.agents.display import output_markdown, transcript_markdown
 from marketing_pipelines.agents.models import pick_provider
 from marketing_pipelines.agents.providers.anthropic import AnthropicModel
-from marketing_pipelines.agents.providers.base import HTTPModel
+from marketing_pipelines.agents.providers.base import HTTPModel, RequestRejected, SpendLimitReached
 from marketing_pipelines.agents.providers.offline import OfflineModel
 from marketing_pipelines.agents.providers.openai import OpenAIModel
 from marketing_pipelines.agents.providers.registry import ProviderResource
@@ -31,6 +32,7 @@ from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.runner import AgentResult, AgentStopped, LeaseLost, RunLimits, run_agent_loop
 from marketing_pipelines.agents.users import get_user
 from marketing_pipelines.db.resources import AppDatabase
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.webhook import WebhookClient
 from marketing_pipelines.http import RateLimited, ServiceError
 from marketing_pipelines.leasing.claims import run_ended_check, take_over_rows
@@ -40,8 +42,6 @@ from marketing_pipelines.redact import hide_secrets, redact_text, shown_text
 OP_NAME = "run_agent"
 POOL = "agent_runs"
 MAX_STEPS = 8
-# How long one model call may wait for a token before the step is retried later instead.
-TOKEN_WAIT_S = 20.0
 RATE_LIMIT_RETRIES = 20
 # How long a waiting worker goes at most without asking the instance whether its run is still STARTED.
 STATUS_CHECK_S = 5.0
@@ -122,8 +122,15 @@ def run_metadata(
     """What the Dagster UI shows of an agent run that ended: this attempt's transcript and its output, if any."""
     with engine.connect() as conn:
         steps = transcript(conn, agent_run_id, attempt)
+        # The run's tokens and cost over all its attempts: what it cost to get here, shown on every outcome (none
+        # for a row gone meanwhile, e.g. purged: the outcome is still shown).
+        try:
+            cost = costs.cost_metadata(conn, agent_run_id)
+        except InvalidInput:
+            cost = {}
     metadata: dict[str, dg.MetadataValue] = {
-        "transcript": dg.MetadataValue.md(transcript_markdown(steps, agent_run_id, attempt))
+        "transcript": dg.MetadataValue.md(transcript_markdown(steps, agent_run_id, attempt)),
+        **cost,
     }
     if result is not None:
         metadata["output"] = dg.MetadataValue.md(output_markdown(result.text, agent_run_id))
@@ -163,24 +170,22 @@ class AgentAttempt:
                 f"After the fix: marketing-pipelines agents retry {self.agent_run_id}"
             ) from None
 
-    def token_acquirer(self, provider_name: str, settings: AgentSettings, clock: RunClock) -> Callable[[], None]:
-        """Takes one model-call token of the provider's bucket before each call, logging a long wait.
-
-        The wait ends before the run's deadline, and stops when the run is no longer STARTED."""
-
-        def acquire() -> None:
-            per_minute = settings.max_model_calls_per_minute
-            waited = token_bucket.acquire(
-                self.engine,
-                provider_name,
-                per_minute,
-                max_wait_s=max(0.0, min(TOKEN_WAIT_S, clock.seconds_left())),
-                sleep=clock.wait,
-            )
-            if waited > 0.5:
-                self.context.log.info(f"Waited {waited:.1f}s for a {provider_name} model-call token.")
-
-        return acquire
+    def gate(self, row: sa.RowMapping, provider: ModelProvider, settings: AgentSettings, clock: RunClock) -> LimitsGate:
+        """The run's ``ModelGate``: each call admitted by the provider's limits (its wait ending before the run's
+        deadline, and stopping when the run is no longer STARTED), its budgets and its cost recorded."""
+        return LimitsGate(
+            engine=self.engine,
+            provider=row["model_provider"],
+            model=provider.model,
+            agent_run_id=self.agent_run_id,
+            campaign_id=row["campaign_id"],
+            requested_by=row["requested_by"],
+            default_limits=settings.default_limits(),
+            prices=settings.model_prices,
+            max_wait_s=lambda: min(TOKEN_WAIT_S, clock.seconds_left()),
+            sleep=clock.wait,
+            log=self.context.log.info,
+        )
 
     def fail(self, reason: str) -> dg.Failure:
         """FAILED for good (no attempt would do better): recorded, and the Dagster run's failure."""
@@ -208,7 +213,8 @@ class AgentAttempt:
 
     def succeeded(self, result: AgentResult) -> dg.Output[dict[str, Any]]:
         with self.engine.begin() as conn:
-            output = {"output": hide_secrets(asdict(result))}  # a key the model repeated is not stored
+            # A key the model repeated is not stored; an earlier attempt's error is not this run's outcome.
+            output = {"output": hide_secrets(asdict(result)), "error": None}
             recorded = finish(conn, AGENT_RUNS, self.agent_run_id, self.owner, "SUCCEEDED", output)
         if not recorded:
             # The result is lost with the lease; whoever holds the row now records its outcome.
@@ -322,6 +328,7 @@ def run_agent(
 
     steps = Transcript(engine, agent_run_id, attempt.attempt)
     clock = RunClock.of_run(context, row["max_run_seconds"])
+    gate = attempt.gate(row, provider, agent_settings, clock)
     # The keeper stops renewing once Dagster ended the run (run_ended_check), so the run-failure sensor's
     # shortened lease (leasing.claims.reconcile_run) is not lengthened again by a worker on its way out.
     with LeaseKeeper(
@@ -345,7 +352,7 @@ def run_agent(
                     provider=provider,
                     transcript=steps,
                     limits=limits,
-                    acquire_model_token=attempt.token_acquirer(row["model_provider"], agent_settings, clock),
+                    gate=gate,
                     egress=webhook.policy(),
                     sealing_keys=webhook.sealing_keys,
                     # What the loop logs quotes the model's tool calls and refusals, which may hold secrets.
@@ -361,8 +368,19 @@ def run_agent(
             return attempt.lease_lost(str(exc))
         except AgentStopped as exc:
             raise attempt.fail(str(exc)) from None
+        except (SpendLimitReached, RequestRejected) as exc:
+            # No retry fixes these: the provider's spend limit or credit, or a request it will always refuse.
+            what = (
+                "the provider's spend limit" if isinstance(exc, SpendLimitReached) else "a request the provider refuses"
+            )
+            raise attempt.fail(
+                f"{what}: {exc}; not retried. After the fix: marketing-pipelines agents retry {agent_run_id}"
+            ) from None
         except (token_bucket.ModelRateLimited, RateLimited) as exc:
             wait = exc.retry_after_s
+            if isinstance(exc, RateLimited):
+                # Told by the provider: every replica's calls to this model wait it out, not only this one's.
+                gate.throttled(wait, exc.rate_limits)
             if not clock.fits(wait):
                 return attempt.handed_back(exc, clock.seconds_left())
             context.log.info(shown_text(f"Agent run {agent_run_id}: {exc}; retrying this step in {wait:.0f}s."))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from marketing_pipelines.agents.budget_reads import admission_refusal
 from marketing_pipelines.agents.users import Grant, User, current_grants, grants_on_campaign, holds, require_user
 from marketing_pipelines.db.campaigns import require_campaign
 from marketing_pipelines.db.schema import AGENT_RUN_STATUSES, agent_run, agent_run_step
@@ -123,6 +124,9 @@ def request_agent_run(
     user = require_user(conn, requested_by)
     grants, refusal = requester_refusal(conn, user, campaign_id, definition)
     now = datetime.now(UTC)
+    if refusal is None:
+        # A budget already used up today refuses the run now, not at its first model call.
+        refusal = admission_refusal(conn, campaign_id=campaign_id, requested_by=requested_by, day=now.date())
     run_id = conn.execute(
         sa.insert(agent_run)
         .values(
@@ -305,41 +309,46 @@ def json_safe(value: Any) -> Any:
 
 
 class Transcript:
-    """Appends one attempt's steps, each in its own short transaction.
+    """Appends one attempt's steps, each in its own short transaction or in the caller's; reads the run's steps.
 
     Committing step by step means a run that is killed mid-way still leaves what it did (and
-    which tool calls it made) readable with ``agents show``.
+    which tool calls it made) readable with ``agents show``, and the next attempt resumes from it.
     """
 
     def __init__(self, engine: sa.Engine, run_id: int, attempt: int) -> None:
         self._engine, self._run_id, self._attempt = engine, run_id, attempt
-        with engine.connect() as conn:
-            last = conn.execute(
-                sa.select(sa.func.max(agent_run_step.c.seq)).where(
-                    agent_run_step.c.agent_run_id == run_id, agent_run_step.c.attempt == attempt
-                )
-            ).scalar_one()
-        self._seq = last or 0
-        self.denials = 0
-        self.tool_calls = 0
 
-    def add(self, kind: str, name: str | None, content: Any) -> None:
+    def steps(self) -> list[sa.RowMapping]:
+        """Every step of the run so far, every attempt's, in order."""
+        with self._engine.connect() as conn:
+            return transcript(conn, self._run_id)
+
+    def add(self, kind: str, name: str | None, content: Any, conn: sa.Connection | None = None) -> None:
+        """Record a step, in ``conn``'s transaction when given (it commits or rolls back with the caller's writes)."""
         # Model output may hold NaN or Infinity, which is not JSON: stored as text, never refused
         # by PostgreSQL mid-run nor written as invalid JSON by SQLite. A secret the process holds (a key the model
         # or a tool's answer repeats, whole, cut or re-encoded) is hidden before it is stored.
         content = hide_secrets(json_safe(content))
-        self._seq += 1
-        self.denials += kind == "denial"
-        self.tool_calls += kind == "tool_call"
-        with self._engine.begin() as conn:
-            conn.execute(
-                sa.insert(agent_run_step).values(
-                    agent_run_id=self._run_id,
-                    attempt=self._attempt,
-                    seq=self._seq,
-                    kind=kind,
-                    name=name,
-                    content=content,
-                    created_at=datetime.now(UTC),
-                )
-            )
+        s = agent_run_step
+        # Numbered in the statement from the attempt's last step: a step Dagster retried within the attempt, or a
+        # step whose caller's transaction rolled back, leaves no gap and no duplicate. One writer per attempt (the
+        # row's lease holder), so the read and the insert do not race.
+        seq = (
+            sa.select(sa.func.coalesce(sa.func.max(s.c.seq), 0) + 1)
+            .where(s.c.agent_run_id == self._run_id, s.c.attempt == self._attempt)
+            .scalar_subquery()
+        )
+        insert = sa.insert(s).values(
+            agent_run_id=self._run_id,
+            attempt=self._attempt,
+            seq=seq,
+            kind=kind,
+            name=name,
+            content=content,
+            created_at=datetime.now(UTC),
+        )
+        if conn is not None:
+            conn.execute(insert)
+            return
+        with self._engine.begin() as own:
+            own.execute(insert)

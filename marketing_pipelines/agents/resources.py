@@ -14,4 +14,19 @@ class AgentSettings(dg.ConfigurableResource):
     batch_size: int = setting_field("sensor_batch_size")
     max_concurrent_agent_runs: int = setting_field("max_concurrent_agent_runs")
     max_model_calls_per_minute: int = setting_field("max_model_calls_per_minute")
+    max_model_input_tokens_per_minute: int | None = setting_field("max_model_input_tokens_per_minute")
+    max_model_output_tokens_per_minute: int | None = setting_field("max_model_output_tokens_per_minute")
+    max_model_tokens_per_minute: int | None = setting_field("max_model_tokens_per_minute")
+    model_prices: dict[str, dict[str, float]] = setting_field("model_prices")
+
+    def default_limits(self) -> dict[str, int]:
+        """Each unit's per-minute limit for every model of a provider, as ``Settings.default_model_limits``."""
+        limits = {
+            "requests": self.max_model_calls_per_minute,
+            "input_tokens": self.max_model_input_tokens_per_minute,
+            "output_tokens": self.max_model_output_tokens_per_minute,
+            "tokens": self.max_model_tokens_per_minute,
+        }
+        return {unit: value for unit, value in limits.items() if value is not None}
+
     lease_grace_seconds: int = setting_field("agent_lease_grace_seconds")

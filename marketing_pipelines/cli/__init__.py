@@ -4,7 +4,7 @@ Known failures (bad input, a missing schema, an unreachable database, a bad sett
 one line on stderr naming the problem and the fix, with a non-zero exit; never a traceback.
 
 One module per command group: ``db``, ``campaigns``, ``executions``, ``webhooks``, ``measurement`` (events,
-report), ``agents`` (users, agents, limits) and ``local`` (ui, demo); ``common`` holds what they share. A
+report), ``agents`` (users, agents, limits), ``budgets`` and ``local`` (ui, demo); ``common`` holds what they share. A
 group's module is imported only when that group runs (``COMMANDS``); ``--help`` lists them from ``SUMMARIES``,
 importing none, and ``common`` loads only Click at import. None of them imports Dagster at load time: commands
 that need it import it when they run (only ``demo`` in-process: it quiets Dagster's beta warnings). Inside a
@@ -35,6 +35,7 @@ COMMANDS = {
     "users": "marketing_pipelines.cli.agents:users",
     "agents": "marketing_pipelines.cli.agents:agents",
     "limits": "marketing_pipelines.cli.agents:limits",
+    "budgets": "marketing_pipelines.cli.budgets:budgets",
     "status": "marketing_pipelines.cli.status:status_command",
 }
 
@@ -51,7 +52,8 @@ SUMMARIES = {
     "report": "Counts, unique actors, a daily series and the funnel of a campaign, from the daily rollup.",
     "users": "Add users and grant them permissions (optionally on one campaign).",
     "agents": "Queue AI agent runs (run later by agent_run_job as the requesting user) and inspect them.",
-    "limits": "Show or set the per-provider model-call token buckets.",
+    "limits": "Show or set the model-call limits: calls, input tokens, output tokens or all tokens per minute.",
+    "budgets": "Daily model-spend budgets per campaign or requester, and today's spend against them.",
     "status": "How many executions are due and agent runs queued, how long the oldest waits, what runs and what "
     "failed.",
 }

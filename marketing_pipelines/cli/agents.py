@@ -9,7 +9,7 @@ import click
 import sqlalchemy as sa
 
 from marketing_pipelines.agents.display import output_lines
-from marketing_pipelines.agents.token_bucket import MAX_BURST, MAX_CALLS_PER_MINUTE
+from marketing_pipelines.agents.token_bucket import MAX_CALLS_PER_MINUTE, MAX_TOKENS_PER_MINUTE
 from marketing_pipelines.cli.common import (
     ROW_ID,
     FiniteFloat,
@@ -195,12 +195,22 @@ def agents_list(status: str | None, user_id: str | None, as_json: bool) -> None:
     Example:
       marketing-pipelines agents list --status QUEUED
     """
+    from marketing_pipelines.agents.costs import summary_of
     from marketing_pipelines.agents.queue import list_agent_runs
 
     with ready_conn() as conn:
         # Redacted as a whole: --json prints every column, the requester's input and the model's output too.
-        rows = [redact_value(dict(r)) for r in list_agent_runs(conn, status.upper() if status else None, user_id)]
-    columns = ["id", "agent", "campaign_id", "requested_by", "status", "attempts", "requested_at", "error"]
+        runs = list_agent_runs(conn, status.upper() if status else None, user_id)
+        # Every column, and the cost as text: cost_usd (6 decimals) beside the exact cost_nano_usd.
+        costs = [summary_of(r) for r in runs]
+        rows = [
+            redact_value(dict(r)) | {"cost_usd": c["cost_usd"], "cost_complete": c["cost_complete"]}
+            for r, c in zip(runs, costs, strict=True)
+        ]
+    if not as_json:
+        # A cost some turns of which had no price shows what is known and "+?".
+        rows = [{**r, "cost_usd": r["cost_usd"] + ("" if r["cost_complete"] else "+?")} for r in rows]
+    columns = ["id", "agent", "campaign_id", "requested_by", "status", "attempts", "requested_at", "cost_usd", "error"]
     emit_rows(rows, columns, as_json)
 
 
@@ -217,17 +227,27 @@ def agents_show(agent_run_id: int, as_json: bool) -> None:
     Example:
       marketing-pipelines agents show 1
     """
+    from marketing_pipelines.agents.costs import cost_text, summary_of
     from marketing_pipelines.agents.queue import require_agent_run, transcript
 
     with ready_conn() as conn:
-        run = redact_value(dict(require_agent_run(conn, agent_run_id)))
+        stored = require_agent_run(conn, agent_run_id)
+        run = redact_value(dict(stored))
         steps = [redact_value(dict(s)) for s in transcript(conn, agent_run_id)]
+    # Tokens and cost of every attempt's model turns: cost_nano_usd exact, cost_usd its text (6 decimals).
+    cost = summary_of(stored)
     if as_json:
-        click.echo(json.dumps({"run": run, "transcript": steps}, default=str, indent=2))
+        click.echo(json.dumps({"run": run, "cost": cost, "transcript": steps}, default=str, indent=2))
         return
     keys = ("id", "agent", "campaign_id", "requested_by", "status", "attempts", "lost_attempts", "max_attempts")
     for key in (*keys, "run_id"):
         click.echo(f"{key:>13}: {shown_text(cell_text(run.get(key)))}")
+    click.echo(
+        f"{'tokens':>13}: {cost['input_tokens']} in, {cost['output_tokens']} out, "
+        f"{cost['cache_read_tokens']} cache read, {cost['cache_write_tokens']} cache write "
+        f"({cost['model_turns']} model turns)"
+    )
+    click.echo(f"{'cost':>13}: {cost_text(cost)} (default prices read {cost['prices_read_on']})")
     # Errors and output whole (a table cell is cut at 60 characters), never raw: model text may hold
     # escape sequences that would rewrite the terminal.
     click.echo(f"{'error':>13}: {shown_cell(run['error']) if run.get('error') else '-'}")
@@ -305,52 +325,115 @@ def agents_cancel(agent_run_id: int) -> None:
 
 @click.group(cls=FriendlyGroup)
 def limits() -> None:
-    """Show or set the per-provider model-call token buckets."""
+    """Show or set the model-call limits: calls, input tokens, output tokens or all tokens per minute."""
+
+
+UNIT_OPTIONS = {
+    "requests": "calls_per_minute",
+    "input_tokens": "input_tokens_per_minute",
+    "output_tokens": "output_tokens_per_minute",
+    "tokens": "tokens_per_minute",
+}
 
 
 @limits.command("show")
 @json_option
 def limits_show(as_json: bool) -> None:
-    """Show each provider's bucket (created with the default size on first use).
+    """Show every limit as it stands now (refilled to this moment), with what configured or learned it.
 
     \b
     Example:
       marketing-pipelines limits show
     """
-    from marketing_pipelines.agents.token_bucket import ensure_bucket, list_buckets
+    from marketing_pipelines.agents.token_bucket import database_now, ensure_limit, list_buckets
+    from marketing_pipelines.db.schema import EVERY_MODEL
 
     s = settings()
+    defaults = s.default_model_limits()
     with ready_conn() as conn:
         for provider in MODEL_PROVIDERS:
-            ensure_bucket(conn, provider, s.max_model_calls_per_minute)
-        # Tokens refill continuously; two decimals say as much as 55.05801618099213 does.
-        rows = [
-            {**b.__dict__, "calls_per_minute": round(b.calls_per_minute, 2), "tokens": round(b.tokens, 2)}
-            for b in list_buckets(conn)
-        ]
-    emit_rows(rows, ["provider", "calls_per_minute", "capacity", "tokens", "updated_at"], as_json)
-    click.echo(f"agent_runs pool limit: {s.max_concurrent_agent_runs} (MARKETING_MAX_CONCURRENT_AGENT_RUNS)")
+            for unit, per_minute in defaults.items():
+                ensure_limit(conn, provider, EVERY_MODEL, unit, per_minute)
+        now = database_now(conn)
+        buckets = list_buckets(conn)
+    rows = [
+        {
+            "provider": b.provider,
+            "model": b.model,
+            "unit": b.unit,
+            # Rates and tokens refill continuously; two decimals say as much as 55.05801618099213 does.
+            "per_minute": round(b.per_minute, 2),
+            "capacity": round(b.capacity, 2),
+            "available": round(b.tokens_at(now), 2),
+            "configured": b.configured_per_minute,
+            "learned": b.learned_per_minute,
+            "paused_for_s": round((b.paused_until - now).total_seconds(), 1)
+            if b.paused_until and b.paused_until > now
+            else None,
+        }
+        for b in buckets
+    ]
+    columns = ["provider", "model", "unit", "per_minute", "capacity", "available", "configured", "learned"]
+    emit_rows(rows, [*columns, "paused_for_s"] if any(r["paused_for_s"] for r in rows) else columns, as_json)
+    if not as_json:
+        click.echo(f"agent_runs pool limit: {s.max_concurrent_agent_runs} (MARKETING_MAX_CONCURRENT_AGENT_RUNS)")
 
 
 @limits.command("set")
 @click.argument("provider")
+@click.option("--model", default="*", show_default=True, help="A model of the provider; * is every model.")
+@click.option("--calls-per-minute", type=FiniteFloat(0, MAX_CALLS_PER_MINUTE), default=None, help="Requests; > 0.")
 @click.option(
-    "--calls-per-minute", type=FiniteFloat(0, MAX_CALLS_PER_MINUTE), required=True, help="Sustained rate; > 0."
+    "--input-tokens-per-minute", type=FiniteFloat(0, MAX_TOKENS_PER_MINUTE), default=None, help="Anthropic's ITPM."
 )
 @click.option(
-    "--burst", type=FiniteFloat(0, MAX_BURST), default=None, help="Bucket capacity (default: one minute of calls)."
+    "--output-tokens-per-minute", type=FiniteFloat(0, MAX_TOKENS_PER_MINUTE), default=None, help="Anthropic's OTPM."
 )
-def limits_set(provider: str, calls_per_minute: float, burst: float | None) -> None:
-    """Set a provider's rate; every process and machine sees it at its next model call.
+@click.option("--tokens-per-minute", type=FiniteFloat(0, MAX_TOKENS_PER_MINUTE), default=None, help="OpenAI's TPM.")
+@click.option(
+    "--burst", type=FiniteFloat(0, MAX_TOKENS_PER_MINUTE), default=None, help="Bucket capacity (default: a minute's)."
+)
+def limits_set(provider: str, model: str, burst: float | None, **per_minute: float | None) -> None:
+    """Set a provider's limits; every process and machine sees them at its next model call.
+
+    A limit the provider's answers state lower is still kept lower; nothing is ever raised above what is set here.
 
     \b
-    Example:
+    Examples:
       marketing-pipelines limits set anthropic --calls-per-minute 50
+      marketing-pipelines limits set anthropic --model claude-sonnet-4-5 --input-tokens-per-minute 30000
     """
-    from marketing_pipelines.agents.token_bucket import configure_bucket
+    from marketing_pipelines.agents.token_bucket import configure_limit
 
     if provider not in MODEL_PROVIDERS:
         raise InvalidInput(f"unknown provider {provider!r}; known: {', '.join(MODEL_PROVIDERS)}")
+    given = {unit: per_minute[option] for unit, option in UNIT_OPTIONS.items() if per_minute[option] is not None}
+    if not given:
+        raise InvalidInput(
+            "name at least one limit: " + ", ".join(f"--{o.replace('_', '-')}" for o in UNIT_OPTIONS.values())
+        )
+    if burst is not None and len(given) > 1:
+        raise InvalidInput("--burst sizes one limit: give it with one --...-per-minute option at a time")
     with ready_conn() as conn:
-        configure_bucket(conn, provider, calls_per_minute, burst)
-    click.echo(f"{provider}: {calls_per_minute:g} calls/minute, burst {burst or calls_per_minute:g}")
+        for unit, rate in given.items():
+            configure_limit(conn, provider, model, unit, rate, burst)
+    for unit, rate in given.items():
+        click.echo(shown_text(f"{provider} {model}: {rate:g} {unit.replace('_', ' ')}/minute, burst {burst or rate:g}"))
+
+
+@limits.command("clear")
+@click.argument("provider")
+@click.option("--model", default="*", show_default=True, help="A model of the provider; * is every model.")
+@click.option("--unit", type=click.Choice(list(UNIT_OPTIONS)), required=True, help="The limit to remove.")
+def limits_clear(provider: str, model: str, unit: str) -> None:
+    """Remove one limit: that unit is then limited only where the provider's answers state a limit.
+
+    \b
+    Example:
+      marketing-pipelines limits clear anthropic --unit output_tokens
+    """
+    from marketing_pipelines.agents.token_bucket import clear_limit
+
+    with ready_conn() as conn:
+        removed = clear_limit(conn, provider, model, unit)
+    click.echo(shown_text(f"{provider} {model} {unit}: {'removed' if removed else 'there was no such limit'}"))

@@ -153,6 +153,17 @@ user_permission = sa.Table(
     sa.UniqueConstraint("user_id", "permission", "campaign_scope"),
 )
 
+# What an agent run's model turns used and cost, summed over every attempt (migration 0012).
+AGENT_RUN_COST_COLUMNS = {
+    "model_turns": "Model calls answered",
+    "input_tokens": "Input tokens billed at the full input price",
+    "output_tokens": "Output tokens",
+    "cache_read_tokens": "Input tokens read from the prompt cache",
+    "cache_write_tokens": "Input tokens written to the prompt cache",
+    "cost_nano_usd": "Cost of the turns with a price, in 1e-9 USD",
+    "unknown_cost_turns": "Turns whose model had no price: their cost is not in cost_nano_usd",
+}
+
 agent_run = sa.Table(
     "agent_run",
     metadata,
@@ -177,6 +188,11 @@ agent_run = sa.Table(
     sa.Column("started_at", UTCDateTime(), nullable=True),
     sa.Column("finished_at", UTCDateTime(), nullable=True),
     sa.Column("updated_at", UTCDateTime(), nullable=False),
+    # The run's model turns summed (agents/costs.py record_turn), in the transaction that records each turn.
+    *(
+        sa.Column(name, sa.BigInteger, nullable=False, server_default="0", comment=comment)
+        for name, comment in AGENT_RUN_COST_COLUMNS.items()
+    ),
     sa.CheckConstraint(f"status IN {AGENT_RUN_STATUSES!r}", name="status"),
     sa.CheckConstraint("max_attempts >= 1", name="max_attempts"),
     sa.CheckConstraint("max_run_seconds >= 1", name="max_run_seconds"),
@@ -209,19 +225,74 @@ agent_run_step = sa.Table(
     sa.Column("content", JSONType, nullable=False),
     sa.Column("created_at", UTCDateTime(), nullable=False),
     sa.UniqueConstraint("agent_run_id", "attempt", "seq"),
+    # agent_model_cost_daily reads one UTC day of model turns (migration 0012).
+    sa.Index(
+        "ix_agent_run_step_model_turn_created",
+        "created_at",
+        postgresql_where=sa.text("kind = 'model_turn'"),
+        sqlite_where=sa.text("kind = 'model_turn'"),
+    ),
 )
 
-model_token_bucket = sa.Table(
-    "model_token_bucket",
+# Model-call limits, a token bucket per provider, model and unit (calls, input tokens, output tokens, all tokens).
+# model '*' is every model of the provider. tokens may go below zero: a call that used more than it reserved
+# settles the difference, so the bucket owes it instead of drifting.
+MODEL_LIMIT_UNITS = ("requests", "input_tokens", "output_tokens", "tokens")
+EVERY_MODEL = "*"
+
+model_rate_limit = sa.Table(
+    "model_rate_limit",
     metadata,
     sa.Column("provider", sa.String(32), primary_key=True),
+    sa.Column("model", sa.String(100), primary_key=True, comment="'*': every model of the provider"),
+    sa.Column("unit", sa.String(16), primary_key=True, comment="requests, input_tokens, output_tokens or tokens"),
     sa.Column("capacity", sa.Float, nullable=False),
     sa.Column("refill_per_second", sa.Float, nullable=False),
     sa.Column("tokens", sa.Float, nullable=False),
+    sa.Column("configured_per_minute", sa.Float, nullable=True, comment="Set by settings or limits set"),
+    sa.Column("configured_capacity", sa.Float, nullable=True, comment="The configured burst"),
+    sa.Column("learned_per_minute", sa.Float, nullable=True, comment="What the provider's headers said last"),
+    sa.Column("paused_until", UTCDateTime(), nullable=True, comment="A 429's Retry-After, shared by every replica"),
     sa.Column("updated_at", UTCDateTime(), nullable=False),
     sa.CheckConstraint("capacity > 0", name="capacity"),
     sa.CheckConstraint("refill_per_second > 0", name="refill"),
-    sa.CheckConstraint("tokens >= 0", name="tokens"),
+    sa.CheckConstraint(f"unit IN {MODEL_LIMIT_UNITS!r}", name="unit"),
+)
+
+# Daily spend budgets (agents/budgets.py): a limit per campaign or per requester, in nano-dollars (1e-9 USD) and
+# tokens, and each scope's account per UTC day. Amounts are exact integers, never floats.
+SPEND_SCOPES = ("campaign", "requester")
+
+spend_budget = sa.Table(
+    "spend_budget",
+    metadata,
+    sa.Column("scope", sa.String(16), primary_key=True, comment="campaign or requester"),
+    sa.Column("scope_id", sa.String(64), primary_key=True, comment="The campaign's id or the requesting user's"),
+    sa.Column("daily_nano_usd", sa.BigInteger, nullable=True, comment="Money a UTC day may cost; NULL: no limit"),
+    sa.Column("daily_tokens", sa.BigInteger, nullable=True, comment="Tokens a UTC day may use; NULL: no limit"),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+    sa.CheckConstraint(f"scope IN {SPEND_SCOPES!r}", name="scope"),
+    sa.CheckConstraint("daily_nano_usd >= 0", name="daily_nano_usd"),
+    sa.CheckConstraint("daily_tokens >= 0", name="daily_tokens"),
+    sa.CheckConstraint("daily_nano_usd IS NOT NULL OR daily_tokens IS NOT NULL", name="limit"),
+)
+
+spend_ledger = sa.Table(
+    "spend_ledger",
+    metadata,
+    sa.Column("scope", sa.String(16), primary_key=True),
+    sa.Column("scope_id", sa.String(64), primary_key=True),
+    sa.Column("day", sa.Date, primary_key=True, comment="UTC day"),
+    sa.Column("reserved_nano_usd", sa.BigInteger, nullable=False, comment="Worst case of the calls in flight"),
+    sa.Column("spent_nano_usd", sa.BigInteger, nullable=False, comment="What answered calls cost"),
+    sa.Column("reserved_tokens", sa.BigInteger, nullable=False),
+    sa.Column("spent_tokens", sa.BigInteger, nullable=False),
+    sa.Column("updated_at", UTCDateTime(), nullable=False),
+    sa.CheckConstraint(f"scope IN {SPEND_SCOPES!r}", name="scope"),
+    sa.CheckConstraint("reserved_nano_usd >= 0", name="reserved_nano_usd"),
+    sa.CheckConstraint("spent_nano_usd >= 0", name="spent_nano_usd"),
+    sa.CheckConstraint("reserved_tokens >= 0", name="reserved_tokens"),
+    sa.CheckConstraint("spent_tokens >= 0", name="spent_tokens"),
 )
 
 # --- measurement -----------------------------------------------------------------------------
@@ -327,6 +398,28 @@ measurement_daily_rollup = sa.Table(
     sa.CheckConstraint(f"source IN {ROLLUP_SOURCES!r}", name="source"),
     # The report reads one campaign over a range of days.
     sa.Index("ix_measurement_daily_rollup_campaign_day", "campaign_id", "day"),
+)
+
+# What the agents' model calls cost, per UTC day (of each model turn), campaign, provider and model: beside
+# measurement_daily_rollup on (day, campaign_id). Derived from agent_run_step's model_turn rows by the asset
+# agent_model_cost_daily, which replaces a day whole.
+agent_model_cost_daily = sa.Table(
+    "agent_model_cost_daily",
+    metadata,
+    sa.Column("day", sa.Date, primary_key=True, comment="UTC day of the model turns"),
+    sa.Column("campaign_id", sa.String(64), sa.ForeignKey("campaign.id"), primary_key=True),
+    sa.Column("provider", sa.String(32), primary_key=True),
+    sa.Column("model", sa.String(100), primary_key=True, comment="The model that answered, as its answer named it"),
+    sa.Column("agent_runs", sa.Integer, nullable=False, comment="Agent runs with a model turn that day"),
+    sa.Column("model_turns", sa.Integer, nullable=False),
+    sa.Column("input_tokens", sa.BigInteger, nullable=False),
+    sa.Column("output_tokens", sa.BigInteger, nullable=False),
+    sa.Column("cache_read_tokens", sa.BigInteger, nullable=False),
+    sa.Column("cache_write_tokens", sa.BigInteger, nullable=False),
+    sa.Column("cost_nano_usd", sa.BigInteger, nullable=False, comment="Cost of the turns with a price, 1e-9 USD"),
+    sa.Column("unknown_cost_turns", sa.Integer, nullable=False, comment="Turns not in cost_nano_usd: no price"),
+    sa.Column("computed_at", UTCDateTime(), nullable=False),
+    sa.Index("ix_agent_model_cost_daily_campaign_day", "campaign_id", "day"),
 )
 
 # A derived index of the daily rollup, not a second source of truth: one row per ISO week (Monday,

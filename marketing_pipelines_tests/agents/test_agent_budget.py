@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.catalog import AGENTS, AgentBudget, get_agent
 from marketing_pipelines.agents.queue import Transcript, get_agent_run, request_agent_run, transcript
-from marketing_pipelines.agents.runner import AgentResult, RunLimits, run_agent_loop
+from marketing_pipelines.agents.runner import AgentResult, CallsGate, RunLimits, run_agent_loop
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
@@ -107,7 +107,7 @@ def _loop(
         provider=anthropic_models(_answers(turns, []))["anthropic_model"],
         transcript=Transcript(engine, run_id, attempt),
         limits=RunLimits(max_steps=len(turns) + 1, deadline=time.monotonic() + 120),
-        acquire_model_token=lambda: None,
+        gate=CallsGate(lambda: None),
         egress=EgressPolicy(),
     )
     return result, _outcomes(engine, run_id, attempt)
@@ -295,7 +295,11 @@ def test_the_execution_budget_counts_every_attempt_of_the_run(ana: sa.Engine) ->
     run_id = _request(ana)
     first, second, third = (_webhook(i) for i in (1, 2, 3))
     _loop(ana, run_id, [_turn(first, second)])
-    # A retried attempt: its model may get its executions back, not schedule new ones past the budget.
+    # A retried attempt resumes (test_resume.py); one whose conversation starts over anyway (a second task step,
+    # as versions before resuming wrote) may get its executions back, not schedule new ones past the budget.
+    with ana.connect() as conn:
+        task = next(s["content"] for s in transcript(conn, run_id) if s["kind"] == "task")
+    Transcript(ana, run_id, 2).add("task", None, task)
     _, outcomes = _loop(ana, run_id, [_turn(first, third)], attempt=2)
     assert [o["kind"] for o in outcomes] == ["tool_result", "denial"]
     assert _reasons(outcomes)[0].startswith(f"over budget: agent run {run_id} may schedule 2 execution(s)")

@@ -24,7 +24,7 @@ from marketing_pipelines.agents.queue import (
     retry_agent_run,
     transcript,
 )
-from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
+from marketing_pipelines.agents.runner import CallsGate, RunLimits, run_agent_loop
 from marketing_pipelines.db.schema import marketing_execution
 from marketing_pipelines.egress import EgressPolicy
 from marketing_pipelines.errors import InvalidInput
@@ -174,6 +174,13 @@ def test_a_proposal_cannot_name_another_campaign(people: sa.Engine) -> None:
         _request(people, input={"propose": proposal})
 
 
+def _start_over(engine: sa.Engine, run_id: int, attempt: int) -> None:
+    """Begin the run's conversation again in ``attempt``: a second task step, as a version that restarted runs wrote."""
+    with engine.connect() as conn:
+        task = next(s["content"] for s in transcript(conn, run_id) if s["kind"] == "task")
+    Transcript(engine, run_id, attempt).add("task", None, task)
+
+
 def _loop(engine: sa.Engine, run_id: int, attempt: int, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One attempt of the run whose model schedules ``calls`` in order; returns the tool results."""
 
@@ -192,7 +199,7 @@ def _loop(engine: sa.Engine, run_id: int, attempt: int, calls: list[dict[str, An
         provider=anthropic_models(answer)["anthropic_model"],
         transcript=Transcript(engine, run_id, attempt),
         limits=RunLimits(max_steps=len(calls) + 1, deadline=time.monotonic() + 60),
-        acquire_model_token=lambda: None,
+        gate=CallsGate(lambda: None),
         egress=EgressPolicy(),
     )
     with engine.connect() as conn:
@@ -223,6 +230,9 @@ def test_an_agents_executions_dedupe_on_what_they_do(people: sa.Engine, second: 
     assert len(scheduled) == rows
     assert len({r["scheduled_execution_id"] for r in results}) == rows
     assert all(s.dedupe_key.startswith(f"agent-run:{run_id}:{OURS}:") for s in scheduled)
-    # The run delivered again (a retried attempt) proposes the same calls: no new row.
+    # A retried attempt resumes from the transcript and calls no tool again (test_resume.py). The key is what
+    # holds when a conversation starts over anyway (a task step again, as versions before resuming wrote): the
+    # same calls proposed again make no new row.
+    _start_over(people, run_id, 2)
     assert _loop(people, run_id, 2, [_schedule(OURS), second]) == results
     assert _executions(people, OURS) == scheduled

@@ -44,6 +44,8 @@ SHORT_LEASE = AgentSettings(lease_grace_seconds=LEASE_S)
 SHORT_LEASE_RUN = {"agent_settings": {"config": {"lease_grace_seconds": LEASE_S}}}
 PARTIAL = ["task", "model_turn", "tool_call", "tool_result"]
 COMPLETE = [*PARTIAL, "model_turn"]
+# What the attempt after a killed one records: it resumes from the transcript, asking only the turn left.
+RESUMED = ["model_turn"]
 
 # Real run-worker processes and daemons: left out of the quick loop (pytest -m "not slow").
 pytestmark = pytest.mark.slow
@@ -128,8 +130,10 @@ def test_killed_agent_run_is_recovered_after_its_lease_and_finishes_exactly_once
     done = _row(world.engine, agent_run_id)
     assert (done["status"], done["attempts"], done["output"]["text"]) == ("SUCCEEDED", 2, "Spring launch is on track.")
     kinds = transcript_kinds(world.engine, agent_run_id)
-    assert (_attempt(kinds, 1), _attempt(kinds, 2)) == (PARTIAL, COMPLETE)
+    assert (_attempt(kinds, 1), _attempt(kinds, 2)) == (PARTIAL, RESUMED)
     assert {attempt for attempt, _ in kinds} == {1, 2}
+    # The turn attempt 1 completed was not asked again; only the one it was killed waiting on.
+    assert [kind for _, kind in world.fake.requests] == ["tool_call", "final", "final"]
 
     # A late write from attempt 1 (a worker that only looked dead) matches no row: fenced by owner.
     with world.engine.begin() as conn:

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from marketing_pipelines.agents import users
 from marketing_pipelines.agents.catalog import TOOLS, ToolCallContext, get_agent
 from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript, get_agent_run, request_agent_run, transcript
-from marketing_pipelines.agents.runner import RunLimits, run_agent_loop
+from marketing_pipelines.agents.runner import CallsGate, RunLimits, run_agent_loop
 from marketing_pipelines.db.schema import agent_run, marketing_execution
 from marketing_pipelines.egress import EgressPolicy, parse_networks
 from marketing_pipelines.errors import InvalidInput
@@ -78,7 +78,7 @@ def _run(engine: sa.Engine, agent: str, *responses: httpx.Response) -> tuple[lis
         provider=scripted_openai(script),
         transcript=Transcript(engine, run_id, 1),
         limits=RunLimits(max_steps=4, deadline=time.monotonic() + 60),
-        acquire_model_token=lambda: None,
+        gate=CallsGate(lambda: None),
         egress=EgressPolicy(),
     )
     with engine.connect() as conn:
