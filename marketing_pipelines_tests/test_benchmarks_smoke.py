@@ -31,6 +31,8 @@ TINY = {
     "pool_claim_race.py": ["--rounds", "3", "--processes", "3"],
     "alert_tick.py": ["--runs", "2", "--repeat", "1"],
     "table_growth.py": ["--executions", "1000", "--agent-runs", "2", "--tick-copies", "20"],
+    "model_limits.py": ["--workers", "2", "--seconds", "20", "--input-limit", "5000", "--lowered", "2500"],
+    "prompt_caching.py": ["--runs", "1", "--database", "sqlite"],
 }
 
 
