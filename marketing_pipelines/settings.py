@@ -431,13 +431,7 @@ class Settings(BaseSettings):
 
     def default_model_limits(self) -> dict[str, int]:
         """The per-minute limit of each unit configured for every model of a provider (agents/token_bucket.py)."""
-        limits = {
-            "requests": self.max_model_calls_per_minute,
-            "input_tokens": self.max_model_input_tokens_per_minute,
-            "output_tokens": self.max_model_output_tokens_per_minute,
-            "tokens": self.max_model_tokens_per_minute,
-        }
-        return {unit: value for unit, value in limits.items() if value is not None}
+        return model_limits_of(self)
 
     @field_validator("model_provider")
     @classmethod
@@ -519,6 +513,18 @@ def _one_line(exc: ValidationError) -> str:
         message = _bounds(field) or message
     shown = "(a secret, not shown)" if field in Settings.model_fields and is_secret(field) else repr(error.get("input"))
     return f"{env_name(field)}={shown} is not valid: {message}"
+
+
+def model_limits_of(source: Any) -> dict[str, int]:
+    """Unit -> per-minute limit of the ``max_model_*_per_minute`` fields ``source`` (Settings or AgentSettings)
+    sets; an unset token limit is left out (that unit limited only where configured or stated by a provider)."""
+    limits = {
+        "requests": source.max_model_calls_per_minute,
+        "input_tokens": source.max_model_input_tokens_per_minute,
+        "output_tokens": source.max_model_output_tokens_per_minute,
+        "tokens": source.max_model_tokens_per_minute,
+    }
+    return {unit: value for unit, value in limits.items() if value is not None}
 
 
 def load_settings(**overrides: Any) -> Settings:

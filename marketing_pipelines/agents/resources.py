@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from marketing_pipelines.settings import setting_field, shown_in_ui
+from marketing_pipelines.settings import model_limits_of, setting_field, shown_in_ui
 
 
 @shown_in_ui
@@ -21,12 +21,6 @@ class AgentSettings(dg.ConfigurableResource):
 
     def default_limits(self) -> dict[str, int]:
         """Each unit's per-minute limit for every model of a provider, as ``Settings.default_model_limits``."""
-        limits = {
-            "requests": self.max_model_calls_per_minute,
-            "input_tokens": self.max_model_input_tokens_per_minute,
-            "output_tokens": self.max_model_output_tokens_per_minute,
-            "tokens": self.max_model_tokens_per_minute,
-        }
-        return {unit: value for unit, value in limits.items() if value is not None}
+        return model_limits_of(self)
 
     lease_grace_seconds: int = setting_field("agent_lease_grace_seconds")
