@@ -45,7 +45,6 @@ from marketing_pipelines.local_dagster import (
     daemon_running,
     dagster_home,
     local_environment,
-    measurement_start,
 )
 from marketing_pipelines.measurement.assets import RANGE_END_TAG, RANGE_START_TAG, left_out_importers
 from marketing_pipelines.measurement.demo import DEMO_CAMPAIGNS, demo_days, echo_reports, seed_demo_events
@@ -206,7 +205,7 @@ def _run_on_the_daemon(
         echo("[3/4] The UI's dagster-daemon is running on this instance: its sensors claim the work")
     else:
         echo(f"[3/4] A code server and a dagster-daemon on {home} (logs: {home / 'local-processes.log'})")
-    env = local_environment(settings, home, measurement_start(settings))
+    env = local_environment(settings, home)
     # A code server for the demo's own daemon, or for `dagster job launch`; with the UI's daemon up and no
     # day to roll up, neither is needed.
     wanted = code_location(instance, env, start_daemon=not ui_daemon) if missing or not ui_daemon else nullcontext()

@@ -16,7 +16,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -111,9 +110,7 @@ def daemon_running(instance: dg.DagsterInstance, within_s: float = 60.0) -> bool
     return sensor is not None and time.time() - sensor.timestamp < within_s
 
 
-def local_environment(
-    current: Settings, home: Path, measurement_start: date | None, ui_url: str | None = None
-) -> dict[str, str]:
+def local_environment(current: Settings, home: Path, ui_url: str | None = None) -> dict[str, str]:
     """The environment of the local instance's processes: its home, the settings' database, the receiver's network."""
     return {
         **os.environ,
@@ -124,8 +121,9 @@ def local_environment(
         "MARKETING_WEBHOOK_ALLOW_NETWORKS": ",".join(current.webhook_allow_networks) or f"{DEMO_RECEIVER_ADDRESS}/32",
         # Links to runs (alerts sent from this instance) point at the UI.
         **({"MARKETING_DAGSTER_UI_URL": ui_url} if ui_url else {}),
-        # Partitions from the first day with events, unless chosen: the demo's week, not eleven months missing.
-        **({"MARKETING_MEASUREMENT_START_DATE": measurement_start.isoformat()} if measurement_start else {}),
+        # MARKETING_MEASUREMENT_START_DATE passes through as it is, or is unset and its default holds: the
+        # partitions are a setting, never derived from the data, so they are the same whichever of the demo,
+        # `ui` and a CLI backfill started first (a start read from the first event day moved with the data).
     }
 
 
@@ -143,28 +141,6 @@ def database_problem(current: Settings) -> str | None:
     finally:
         engine.dispose()
     return None
-
-
-def measurement_start(current: Settings) -> date | None:
-    """The first day with events when MARKETING_MEASUREMENT_START_DATE is not set (and the schema is there)."""
-    import sqlalchemy as sa
-
-    from marketing_pipelines.db.engine import DatabaseUnavailable, check_connection, get_engine
-    from marketing_pipelines.measurement.events.write import first_event_day
-
-    if "measurement_start_date" in current.model_fields_set:
-        return None
-    engine = get_engine(current.resolved_database_url)
-    try:
-        # Connecting to a SQLite file that is not there would create it, empty: only `db upgrade` and the
-        # demo create the database.
-        check_connection(engine)
-        with engine.connect() as conn:
-            return first_event_day(conn)
-    except (DatabaseUnavailable, sa.exc.SQLAlchemyError):  # no database or no schema yet: the default stands
-        return None
-    finally:
-        engine.dispose()
 
 
 def _free_port() -> int:

@@ -333,27 +333,34 @@ def test_ui_gives_its_dagster_dev_its_own_url_for_run_links_and_says_how_to_expo
     assert env["MARKETING_DATABASE_URL"] == f"sqlite:///{tmp_path / 'ui.db'}"
 
 
+def _analysts_example_range() -> tuple[str, str]:
+    """The partition range docs/ANALYSTS.md's "Backfills in the UI" tells an analyst to select."""
+    import re
+
+    text = (Path(__file__).parents[1] / "docs" / "ANALYSTS.md").read_text()
+    section = text[text.index("## Backfills in the UI") :]
+    found = re.search(r"\(for example (\d{4}-\d{2}-\d{2}) to\s+(\d{4}-\d{2}-\d{2})\)", section)
+    assert found is not None, "ANALYSTS.md's backfill example names no range"
+    return found[1], found[2]
+
+
 @pytest.mark.parametrize("chosen", [None, "2026-02-01"])
-def test_ui_starts_the_partitions_at_the_first_day_with_events_unless_chosen(
+def test_the_partitions_start_at_the_setting_whatever_ran_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chosen: str | None
 ) -> None:
     import os
     from datetime import UTC, datetime
 
-    from marketing_pipelines.db.engine import get_engine
+    import dagster as dg
+
     from marketing_pipelines.db.migrate import upgrade
+    from marketing_pipelines.definitions import build_defs
+    from marketing_pipelines.local_dagster import local_environment
     from marketing_pipelines.measurement.events.write import record_events
+    from marketing_pipelines.settings import load_settings
     from marketing_pipelines_tests.factories import add_campaign
 
     db_url = f"sqlite:///{tmp_path / 'ui.db'}"
-    engine = get_engine(db_url)
-    upgrade(engine)
-    add_campaign(engine)
-    event = {"campaign_id": "spring-launch", "stage": "awareness", "event_type": "page_view", "actor_id": "a"}
-    with engine.begin() as conn:
-        for n, day in enumerate((15, 3, 20)):
-            occurred = datetime(2026, 11, day, 23, 30, tzinfo=UTC).isoformat()
-            record_events(conn, [{**event, "event_id": f"e{n}", "occurred_at": occurred}])
     started: list[dict[str, str]] = []
 
     def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
@@ -363,6 +370,29 @@ def test_ui_starts_the_partitions_at_the_first_day_with_events_unless_chosen(
     monkeypatch.setattr(os, "execve", execve)
     monkeypatch.chdir(tmp_path)
     env = {"MARKETING_DATABASE_URL": db_url, "MARKETING_MEASUREMENT_START_DATE": chosen or ""}
+    # `ui` before the database exists, then after the demo's events are in it (they start on 2026-11-29).
     assert invoke(env, "ui").exit_code == 0
-    # The demo's week shows as its partitions, not as the months before it missing; a chosen start stands.
-    assert started[0]["MARKETING_MEASUREMENT_START_DATE"] == (chosen or "2026-11-03")
+    engine = get_engine(db_url)
+    upgrade(engine)
+    add_campaign(engine)
+    event = {"campaign_id": "spring-launch", "stage": "awareness", "event_type": "page_view", "actor_id": "a"}
+    with engine.begin() as conn:
+        for n, day in enumerate((29, 30)):
+            occurred = datetime(2026, 11, day, 23, 30, tzinfo=UTC).isoformat()
+            record_events(conn, [{**event, "event_id": f"e{n}", "occurred_at": occurred}])
+    assert invoke(env, "ui").exit_code == 0
+    # The demo's code server gets the variable as the demo's shell had it, whatever the database holds.
+    chosen_start = {"measurement_start_date": chosen} if chosen else {}
+    demo = local_environment(load_settings(database_url=db_url, **chosen_start), tmp_path)
+    assert demo.get("MARKETING_MEASUREMENT_START_DATE") == os.environ.get("MARKETING_MEASUREMENT_START_DATE")
+    first, last = _analysts_example_range()
+    firsts = set()
+    for started_env in started:
+        start = started_env.get("MARKETING_MEASUREMENT_START_DATE")
+        settings = load_settings(database_url=db_url, **({"measurement_start_date": start} if start else {}))
+        rollup = build_defs(settings).resolve_assets_def(dg.AssetKey("measurement_daily_rollup"))
+        assert rollup.partitions_def is not None
+        firsts.add(rollup.partitions_def.get_first_partition_key())
+        keys = rollup.partitions_def.get_partition_keys()
+        assert first in keys and last in keys, (first, last, keys[0])
+    assert firsts == {chosen or "2026-01-01"}

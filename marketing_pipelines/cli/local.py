@@ -27,7 +27,7 @@ def ui_command(port: int) -> None:
     Example:
       marketing-pipelines ui            # then open http://127.0.0.1:3000
     """
-    from marketing_pipelines.local_dagster import dagster_home, database_problem, local_environment, measurement_start
+    from marketing_pipelines.local_dagster import dagster_home, database_problem, local_environment
 
     home, current = dagster_home(), settings()
     ui_url = f"http://127.0.0.1:{port}"
@@ -37,7 +37,7 @@ def ui_command(port: int) -> None:
     if problem is not None:
         demo = "`marketing-pipelines demo` creates and fills it"
         click.echo(f"Note: {visible(problem)}; until then the sensors skip their ticks ({demo})", err=True)
-    env = local_environment(current, home, None if problem else measurement_start(current), ui_url=ui_url)
+    env = local_environment(current, home, ui_url=ui_url)
     dagster = Path(sys.executable).parent / "dagster"
     # `dagster dev` warns on every start that it is superseded by `dg dev`, which serves only from inside a
     # dg project's folder, not from the installed package in any folder as this command does: nothing for

@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -218,13 +218,6 @@ def record_events(conn: sa.Connection, events: Iterable[Mapping[str, Any]], sour
             else:
                 counts.duplicate += 1
     return counts
-
-
-def first_event_day(conn: sa.Connection) -> date | None:
-    """The UTC day of the earliest stored event (an index-only MIN on ``occurred_at``), or None when there is none."""
-    # MIN and MAX take their column's type, so UTCDateTime turns SQLite's text into an aware datetime.
-    first = conn.execute(sa.select(sa.func.min(marketing_event.c.occurred_at))).scalar_one()
-    return first.date() if first is not None else None
 
 
 @dataclass(frozen=True)
