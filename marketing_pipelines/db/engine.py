@@ -20,7 +20,29 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 class DatabaseUnavailable(RuntimeError):
-    """The database URL is malformed or the server cannot be reached; the message names the fix."""
+    """The database URL is malformed or the server cannot be reached; the message names the fix.
+
+    ``transient``: the server did not answer, which a later attempt may not meet (a malformed URL or a
+    missing SQLite file stays what it is).
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def may_succeed_later(exc: BaseException) -> bool:
+    """Whether a database error is one a later attempt may not meet: the server unreachable or gone mid-way,
+    a lock or serialization conflict with another transaction (SQLAlchemy's OperationalError on both
+    databases), a pool timeout, or a key another writer inserted first (two rebuilds of one day at once).
+    Anything else (a missing schema, a bad URL, a programming error) fails the same way every time."""
+    if isinstance(exc, DatabaseUnavailable):
+        return exc.transient
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(
+        exc, sa.exc.OperationalError | sa.exc.IntegrityError | sa.exc.TimeoutError | ConnectionError | TimeoutError
+    )
 
 
 def normalize_url(url: str) -> URL:
@@ -109,7 +131,8 @@ def check_connection(engine: sa.Engine) -> None:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         where = engine.url.render_as_string(hide_password=True)
         raise DatabaseUnavailable(
-            f"cannot connect to {where}: {reason}. Check MARKETING_DATABASE_URL and that the server is running."
+            f"cannot connect to {where}: {reason}. Check MARKETING_DATABASE_URL and that the server is running.",
+            transient=True,
         ) from None
 
 

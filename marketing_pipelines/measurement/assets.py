@@ -8,12 +8,14 @@ a backfill run covers a range of days in one pass (``BackfillPolicy.multi_run``)
 
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
 
+from marketing_pipelines.db.engine import may_succeed_later
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.http import RateLimited, ServiceError
 from marketing_pipelines.measurement.checks import (
@@ -42,18 +44,19 @@ from marketing_pipelines.measurement.report.rendering import funnel_markdown
 from marketing_pipelines.measurement.rollup.daily import MAX_SHOWN_COUNTS, RollupSummary, replace_rollup_days
 from marketing_pipelines.measurement.sources import SOURCES, missing_variables
 from marketing_pipelines.observable import observable_assets
-from marketing_pipelines.redact import shown_cell, visible_controls
+from marketing_pipelines.redact import redact_text, shown_cell, visible_controls
 from marketing_pipelines.settings import Settings
 
 GROUP = "measurement"
 OWNERS = ["team:marketing-data"]
 # GitHub: a RateLimited wait longer than its HttpRetry.max_wait_s frees the worker; Dagster re-runs the step later.
 RATE_LIMIT_RETRIES = 3
-# An import that failed transiently (5xx or transport errors that outlasted the HTTP client's own attempts, a dropped
-# database connection) re-runs the whole step, 30 s, 90 s and 210 s later (exponential), each +/- up to 30 s so
-# replicas that failed together do not retry together. A re-run rewrites rather than adds: every day is replaced in
-# its own transaction. Failures a retry cannot fix (credentials, a rejected query, Plausible's hourly limit) are
-# raised with allow_retries=False.
+# A step that failed transiently (5xx or transport errors that outlasted the HTTP client's own attempts, a dropped
+# database connection, a lock or serialization conflict) re-runs the whole step, 30 s, 90 s and 210 s later
+# (exponential), each +/- up to 30 s so replicas that failed together do not retry together. A re-run rewrites rather
+# than adds: every day is replaced in its own transaction. Every other failure (credentials, a rejected query,
+# Plausible's hourly limit, days outside the partitions, a missing schema, a bug) fails the step at once:
+# Dagster's RetryPolicy retries any exception but a Failure with allow_retries=False (failures_classified).
 IMPORT_RETRY_POLICY = dg.RetryPolicy(
     max_retries=3, delay=30, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
 )
@@ -114,10 +117,51 @@ observe_marketing_event = observable_assets(
 
 
 def partition_days(context: dg.AssetExecutionContext) -> list[date]:
-    """The UTC days of the run: one for a scheduled or sensor run, a range for a backfill run."""
+    """The UTC days of the run: one for a scheduled or sensor run, a range for a backfill run.
+
+    Fails the step, without a retry and before anything is written, when a day is not one of the asset's
+    partitions: a run created by a process whose MARKETING_MEASUREMENT_START_DATE differs from this code
+    location's (Dagster checks the range only when the metadata of its first day is recorded, after the
+    days were written)."""
     window = context.partition_time_window
     first, end = window.start.astimezone(UTC).date(), window.end.astimezone(UTC).date()
-    return [first + timedelta(days=n) for n in range((end - first).days)]
+    days = [first + timedelta(days=n) for n in range((end - first).days)]
+    partitions_def = context.assets_def.partitions_def
+    outside = [d for d in days if partitions_def is None or not partitions_def.has_partition_key(d.isoformat())]
+    if outside:
+        first_key = partitions_def.get_first_partition_key() if partitions_def is not None else None
+        raise dg.Failure(
+            description=(
+                f"{len(outside)} of the run's days ({_span(outside)}) are not partitions of this code location, "
+                f"which start on {first_key} (MARKETING_MEASUREMENT_START_DATE) and end today: the run was created "
+                "where that setting differs. Give every process that loads the code the same value; nothing was "
+                "written, and a retry would fail the same way."
+            ),
+            allow_retries=False,
+        )
+    return days
+
+
+@contextmanager
+def failures_classified() -> Iterator[None]:
+    """A measurement step's failure, retried by the step's RetryPolicy only when a later attempt may succeed.
+
+    Dagster retries every exception but a ``Failure`` with ``allow_retries=False``; without this, a failure
+    that every attempt meets (a missing schema, a bug, Dagster's own partition-range check) held its run
+    for three more attempts and several minutes. Failures and retry requests the step raised itself keep
+    their own classification; a database error counts as transient per ``may_succeed_later``.
+    """
+    try:
+        yield
+    except (dg.Failure, dg.RetryRequested, dg.DagsterError):
+        raise
+    except Exception as exc:
+        if may_succeed_later(exc):
+            raise
+        raise dg.Failure(
+            description=f"{type(exc).__name__}: {redact_text(str(exc))} (not retried: every attempt would fail alike)",
+            allow_retries=False,
+        ) from exc
 
 
 def _span(days: Sequence[date]) -> str:
@@ -409,7 +453,8 @@ def build_measurement_assets(
     def site_analytics_daily(
         context: dg.AssetExecutionContext, app_db: AppDatabase, plausible: PlausibleClient
     ) -> dg.MaterializeResult:
-        return site_analytics(context, app_db.ready_engine(), plausible, partition_days(context))
+        with failures_classified():
+            return site_analytics(context, app_db.ready_engine(), plausible, partition_days(context))
 
     @_daily_asset(
         shared,
@@ -421,7 +466,8 @@ def build_measurement_assets(
     def github_release_downloads_daily(
         context: dg.AssetExecutionContext, app_db: AppDatabase, github: GitHubReleasesClient
     ) -> dg.MaterializeResult:
-        return release_downloads(context, app_db.ready_engine(), github, partition_days(context))
+        with failures_classified():
+            return release_downloads(context, app_db.ready_engine(), github, partition_days(context))
 
     importers = [a for a in (site_analytics_daily, github_release_downloads_daily) if a.key not in left_out]
 
@@ -442,7 +488,8 @@ def build_measurement_assets(
     def measurement_daily_rollup(
         context: dg.AssetExecutionContext, app_db: AppDatabase
     ) -> Iterator[dg.MaterializeResult | dg.AssetCheckEvaluation | dg.Output[None]]:
-        yield from rollup(context, app_db.ready_engine(), partition_days(context), left_out)
+        with failures_classified():
+            yield from rollup(context, app_db.ready_engine(), partition_days(context), left_out)
 
     return [*importers, measurement_daily_rollup]
 
