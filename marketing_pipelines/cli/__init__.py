@@ -4,8 +4,8 @@ Known failures (bad input, a missing schema, an unreachable database, a bad sett
 one line on stderr naming the problem and the fix, with a non-zero exit; never a traceback.
 
 One module per command group: ``db``, ``campaigns``, ``executions``, ``webhooks``, ``measurement`` (events,
-report), ``agents`` (users, agents, limits), ``budgets`` and ``local`` (ui, demo); ``common`` holds what they share. A
-group's module is imported only when that group runs (``COMMANDS``); ``--help`` lists them from ``SUMMARIES``,
+report, backfill), ``agents`` (users, agents, limits), ``budgets`` and ``local`` (ui, demo); ``common`` holds what
+they share. A group's module is imported only when that group runs (``COMMANDS``); ``--help`` lists them from ``SUMMARIES``,
 importing none, and ``common`` loads only Click at import. None of them imports Dagster at load time: commands
 that need it import it when they run (only ``demo`` in-process: it quiets Dagster's beta warnings). Inside a
 group's module, each command imports the domain modules it runs in its body, so its sibling commands do not
@@ -32,6 +32,7 @@ COMMANDS = {
     "demo": "marketing_pipelines.cli.local:demo_command",
     "events": "marketing_pipelines.cli.measurement:events",
     "report": "marketing_pipelines.cli.measurement:report_command",
+    "backfill": "marketing_pipelines.cli.measurement:backfill_command",
     "users": "marketing_pipelines.cli.agents:users",
     "agents": "marketing_pipelines.cli.agents:agents",
     "limits": "marketing_pipelines.cli.agents:limits",
@@ -50,6 +51,7 @@ SUMMARIES = {
     "demo": "Seed the embedded database and drive the whole path on a real Dagster instance.",
     "events": "Load first-party marketing events into the measurement tables.",
     "report": "Counts, unique actors, a daily series and the funnel of a campaign, from the daily rollup.",
+    "backfill": "Backfill the daily rollup over a range of days, in range runs, as the UI's Materialize does.",
     "users": "Add users and grant them permissions (optionally on one campaign).",
     "agents": "Queue AI agent runs (run later by agent_run_job as the requesting user) and inspect them.",
     "limits": "Show or set the model-call limits: calls, input tokens, output tokens or all tokens per minute.",
