@@ -422,6 +422,18 @@ agent_model_cost_daily = sa.Table(
     sa.Index("ix_agent_model_cost_daily_campaign_day", "campaign_id", "day"),
 )
 
+# One row per UTC day the rollup built, written in the transaction that rebuilt the day: a day built with no
+# rows (no events, no imports) is told apart from a day never built, which measurement_daily_rollup alone cannot.
+measurement_rollup_day = sa.Table(
+    "measurement_rollup_day",
+    metadata,
+    sa.Column("day", sa.Date, primary_key=True, comment="UTC day"),
+    sa.Column("rolled_up_at", UTCDateTime(), nullable=False, comment="When the day was last rebuilt"),
+    sa.Column(
+        "row_count", sa.Integer, nullable=False, comment="measurement_daily_rollup rows of the day; 0: built empty"
+    ),
+)
+
 # A derived index of the daily rollup, not a second source of truth: one row per ISO week (Monday,
 # UTC) and daily-rollup key, holding the union of that week's daily sketches. A 90-day report then
 # merges about 13 weekly sketches per key instead of 90 daily ones. The report uses a row only when

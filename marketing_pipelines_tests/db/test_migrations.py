@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from alembic.runtime.migration import MigrationContext
 from marketing_pipelines.agents.users import add_user
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.migrate import current_revision, head_revision, upgrade
-from marketing_pipelines.db.schema import agent_run, metadata
+from marketing_pipelines.db.schema import agent_run, measurement_daily_rollup, measurement_rollup_day, metadata
 from marketing_pipelines.db.schema_version import SchemaNotReady, code_head_revision, ensure_schema_current
 from marketing_pipelines_tests.factories import add_campaign
 
@@ -92,3 +92,23 @@ def test_0009_leaves_runs_still_to_run_with_grants_on_their_campaign_only(empty_
     scoped = [["campaign:read", "spring-launch"], ["measurement:read", "spring-launch"]]
     # A run still to run holds nothing beyond its campaign; a finished one keeps the record of what it held.
     assert held == {"QUEUED": scoped, "RUNNING": scoped, "SUCCEEDED": old_capture}
+
+
+def test_0014_records_the_days_already_rolled_up_as_built(empty_url: str) -> None:
+    engine = get_engine(empty_url)
+    upgrade(engine, "0013")
+    add_campaign(engine, "spring-launch")
+    earlier, later = datetime(2026, 11, 2, 1, tzinfo=UTC), datetime(2026, 11, 2, 3, tzinfo=UTC)
+    row = {"day": date(2026, 11, 1), "campaign_id": "spring-launch", "source": "first_party", "raw_count": 1}
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(measurement_daily_rollup),
+            [
+                {**row, "stage": "awareness", "event_type": "page_view", "rolled_up_at": earlier},
+                {**row, "stage": "awareness", "event_type": "click", "rolled_up_at": later},
+            ],
+        )
+    upgrade(engine)
+    with engine.connect() as conn:
+        built = conn.execute(sa.select(measurement_rollup_day)).all()
+    assert [(d, at.astimezone(UTC), n) for d, at, n in built] == [(date(2026, 11, 1), later, 2)]

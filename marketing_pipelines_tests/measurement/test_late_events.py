@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
 from marketing_pipelines.db.resources import AppDatabase
-from marketing_pipelines.db.schema import measurement_daily_rollup
+from marketing_pipelines.db.schema import measurement_daily_rollup, measurement_rollup_day
 from marketing_pipelines.measurement.assets import (
     RANGE_END_TAG,
     RANGE_START_TAG,
@@ -90,6 +90,7 @@ def build_at(engine: sa.Engine, built: datetime) -> None:
     """Make every rollup row look built at ``built``, as a run at that moment would have stamped them."""
     with engine.begin() as conn:
         conn.execute(sa.update(measurement_daily_rollup).values(rolled_up_at=built))
+        conn.execute(sa.update(measurement_rollup_day).values(rolled_up_at=built))
 
 
 def test_after_a_backfill_ten_ticks_request_nothing(
@@ -315,6 +316,22 @@ def test_today_freshness(
     assert fields["metadata"]["events_not_rolled_up"] == dg.MetadataValue.int(missing)
     assert fields["metadata"]["lag_seconds"] == dg.MetadataValue.float(float(lag))
     assert ("misses" in fields["description"]) == bool(missing)
+
+
+def test_today_rolled_up_empty_is_built_not_missing(
+    engine: sa.Engine, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    # Today built at 11:30 with no event; one ingested at 11:48 is what it misses, and it was built.
+    add_campaign(engine, CAMPAIGN)
+    day = NOON.date()
+    assert materialize_rollup(db_url, instance, day).success
+    build_at(engine, NOON - timedelta(minutes=30))
+    with engine.begin() as conn:
+        store_events(conn, [event("late", day, hour=11)], NOON - timedelta(minutes=12), False)
+    with engine.connect() as conn:
+        fields = today_freshness(conn, NOON, LIMIT, DEFAULTS.measurement_start_date)
+    assert fields["description"].startswith(f"Today's rollup ({day}, built 11:30:00 UTC) misses 1 events")
+    assert "rolled_up_at" in fields["metadata"]
 
 
 def test_the_threshold_is_twice_the_interval_past_the_settle_margin() -> None:

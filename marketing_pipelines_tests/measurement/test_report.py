@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import re
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,10 @@ from click.testing import CliRunner
 
 from marketing_pipelines.cli import main
 from marketing_pipelines.errors import InvalidInput
+from marketing_pipelines.measurement.events.write import record_events
 from marketing_pipelines.measurement.report.build import measurement_report
 from marketing_pipelines.measurement.report.rendering import render
-from marketing_pipelines_tests.factories import replace_rollup_day
+from marketing_pipelines_tests.factories import add_campaign, replace_rollup_day
 from marketing_pipelines_tests.measurement.generated import DAYS, generated_events, seed
 
 MENTIONS_EVENTS = re.compile(r"\bmarketing_event\b", re.IGNORECASE)
@@ -120,3 +122,35 @@ def test_report_command(db_url: str, rolled_up: list[dict[str, Any]], tmp_path: 
     assert json.loads(result.output)["campaign_id"] == "delta"
     bad = runner.invoke(main, ["report", "--campaign", "delta", "--from", "26/11/2026"])
     assert bad.exit_code == 1 and "--from '26/11/2026' is not a day" in bad.output
+
+
+def test_a_day_rolled_up_empty_reads_as_empty_and_a_day_never_rolled_up_as_missing(engine: sa.Engine) -> None:
+    # Of five days: 1 and 4 hold events, 2 is rolled up with nothing to count, 3 and 5 were never rolled up.
+    add_campaign(engine, "quiet")
+    days = [date(2026, 11, d) for d in (1, 2, 3, 4, 5)]
+    event = {"campaign_id": "quiet", "stage": "awareness", "event_type": "page_view", "actor_id": "a"}
+    with engine.begin() as conn:
+        for day in (days[0], days[3]):
+            occurred = datetime(day.year, day.month, day.day, 12, tzinfo=UTC).isoformat()
+            record_events(conn, [{**event, "event_id": f"q-{day}", "occurred_at": occurred}])
+    for day in [*days[:2], days[3]]:
+        replace_rollup_day(engine, day)
+    with engine.connect() as conn:
+        report = measurement_report(conn, "quiet", days[0], days[-1])
+        empty = measurement_report(conn, "quiet", days[1], days[2])
+    assert report.built_without_rows == ((days[1], days[1]),)
+    assert report.not_built == ((days[2], days[2]), (days[4], days[4]))
+    table = render(report, "table")
+    assert "Rolled up, nothing of this campaign (counts are 0): 2026-11-02" in table
+    assert "Never rolled up: 2026-11-03, 2026-11-05: materialize measurement_daily_rollup" in table
+    # A range with no row at all says which of its days were built, not "materialize" for all of them.
+    assert render(empty, "table").splitlines()[2:] == [
+        "Rolled up, nothing of this campaign (counts are 0): 2026-11-02",
+        "Never rolled up: 2026-11-03: materialize measurement_daily_rollup for these days "
+        "(marketing-pipelines backfill --from ... --to ...).",
+    ]
+    as_json = json.loads(render(empty, "json"))
+    assert (as_json["built_without_rows"], as_json["not_built"]) == (
+        [["2026-11-02", "2026-11-02"]],
+        [["2026-11-03", "2026-11-03"]],
+    )

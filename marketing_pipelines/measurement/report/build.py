@@ -7,14 +7,15 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import date
+from datetime import UTC, date, datetime, timedelta
 
 import sqlalchemy as sa
 
 from marketing_pipelines.db.campaigns import require_campaign
+from marketing_pipelines.db.schema import measurement_rollup_day
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.measurement import sketches
-from marketing_pipelines.measurement.report.model import FunnelStep, MeasurementReport, RangeTotal
+from marketing_pipelines.measurement.report.model import DaySpan, FunnelStep, MeasurementReport, RangeTotal
 from marketing_pipelines.measurement.report.reads import Key, KeyRange, Sketch, range_sketches, read_days
 from marketing_pipelines.measurement.rollup.daily import FIRST_PARTY
 
@@ -42,14 +43,47 @@ def measurement_report(
     for key in ranges:
         if key[0] == FIRST_PARTY:
             stages[key[1]].append(key)
+    first, last = start or (daily[0].day if daily else None), end or (daily[-1].day if daily else None)
+    without_rows, not_built, days_built = _days_left_out(conn, first, last, {point.day for point in daily})
     return MeasurementReport(
         campaign_id=campaign_id,
-        start=start or (daily[0].day if daily else None),
-        end=end or (daily[-1].day if daily else None),
+        start=first,
+        end=last,
         totals=totals,
         daily=tuple(daily),
         funnel=funnel_steps(stages, ranges, unions, stage_order),
+        built_without_rows=without_rows,
+        not_built=not_built,
+        days_built=days_built,
     )
+
+
+def _days_left_out(
+    conn: sa.Connection, first: date | None, last: date | None, with_rows: set[date]
+) -> tuple[tuple[DaySpan, ...], tuple[DaySpan, ...], int]:
+    """The days of first..last (up to today, UTC) without a row of the campaign: those the rollup built (nothing of
+    the campaign to count) and those it never built; and how many days it built at all."""
+    built = measurement_rollup_day
+    days_built = conn.execute(sa.select(sa.func.count()).select_from(built)).scalar_one()
+    if first is None or last is None:
+        return (), (), days_built
+    last = min(last, datetime.now(UTC).date())
+    built_days = set(conn.execute(sa.select(built.c.day).where(built.c.day >= first, built.c.day <= last)).scalars())
+    days = [first + timedelta(days=n) for n in range((last - first).days + 1)]
+    empty = [day for day in days if day not in with_rows and day in built_days]
+    missing = [day for day in days if day not in with_rows and day not in built_days]
+    return day_spans(empty), day_spans(missing), days_built
+
+
+def day_spans(days: list[date]) -> tuple[DaySpan, ...]:
+    """Sorted days as runs of consecutive days."""
+    spans: list[DaySpan] = []
+    for day in days:
+        if spans and day == spans[-1][1] + timedelta(days=1):
+            spans[-1] = (spans[-1][0], day)
+        else:
+            spans.append((day, day))
+    return tuple(spans)
 
 
 def _range_total(key: Key, kr: KeyRange, union: Sketch | None) -> RangeTotal:

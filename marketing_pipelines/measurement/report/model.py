@@ -53,6 +53,10 @@ class DailyPoint(NamedTuple):
     unique_actors: int | None
 
 
+# Consecutive days, first and last (the same day for one).
+DaySpan = tuple[date, date]
+
+
 @dataclass(frozen=True)
 class MeasurementReport:
     campaign_id: str
@@ -61,3 +65,9 @@ class MeasurementReport:
     totals: tuple[RangeTotal, ...]
     daily: tuple[DailyPoint, ...]
     funnel: tuple[FunnelStep, ...]
+    # Days of the range up to today the rollup built with no row of this campaign (nothing to count)...
+    built_without_rows: tuple[DaySpan, ...] = ()
+    # ...and days it never built (materialize them); neither is in ``daily``.
+    not_built: tuple[DaySpan, ...] = ()
+    # How many days the rollup has built at all: 0 means nothing was ever rolled up.
+    days_built: int = 0

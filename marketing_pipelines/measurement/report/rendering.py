@@ -89,7 +89,11 @@ def render_table(report: MeasurementReport) -> str:
     span = f"{report.start} .. {report.end}" if report.start else "no rolled-up days"
     lines = [f"Campaign {visible_cell(report.campaign_id)}, {span} (UTC days)", ""]
     if not report.daily:
-        lines.append("No rollup rows in this range: materialize measurement_daily_rollup for these days.")
+        lines += _days_left_out(report) or [
+            "No rollup rows of this campaign on any rolled-up day."
+            if report.days_built
+            else "No day has been rolled up yet: materialize measurement_daily_rollup (marketing-pipelines backfill)."
+        ]
         return "\n".join(lines)
     lines += ["Totals (~ marks unique actors estimated from HLL sketches)"]
     lines += _table(
@@ -121,7 +125,25 @@ def render_table(report: MeasurementReport) -> str:
             for d in report.daily
         ],
     )
-    return "\n".join(lines)
+    left_out = _days_left_out(report)
+    return "\n".join([*lines, *([""] if left_out else []), *left_out])
+
+
+def _spans(spans: tuple[tuple[date, date], ...]) -> str:
+    return ", ".join(str(first) if first == last else f"{first}..{last}" for first, last in spans)
+
+
+def _days_left_out(report: MeasurementReport) -> list[str]:
+    """What the report says of the range's days without a row of the campaign: built with nothing, or never built."""
+    lines = []
+    if report.built_without_rows:
+        lines.append(f"Rolled up, nothing of this campaign (counts are 0): {_spans(report.built_without_rows)}")
+    if report.not_built:
+        lines.append(
+            f"Never rolled up: {_spans(report.not_built)}: materialize measurement_daily_rollup for these days "
+            "(marketing-pipelines backfill --from ... --to ...)."
+        )
+    return lines
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:

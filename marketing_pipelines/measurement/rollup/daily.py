@@ -21,6 +21,7 @@ from marketing_pipelines.db.schema import (
     github_release_download_daily,
     marketing_event,
     measurement_daily_rollup,
+    measurement_rollup_day,
     site_analytics_daily,
 )
 from marketing_pipelines.db.types import UTCDateTime
@@ -283,7 +284,12 @@ def _replace_day(engine: sa.Engine, day: date) -> _DayWritten:
             )
         for imported in (site_analytics_rows(day, now), release_download_rows(day, now)):
             conn.execute(sa.insert(r).from_select(_ROLLUP_COLUMNS, imported))
-        return _day_written(conn, day)
+        written = _day_written(conn, day)
+        # The day is built, rows or none: an empty day reads as built empty, not as never built.
+        conn.execute(sa.delete(measurement_rollup_day).where(measurement_rollup_day.c.day == day))
+        rows = sum(t.rows for t in written.totals)
+        conn.execute(sa.insert(measurement_rollup_day).values(day=day, rolled_up_at=now, row_count=rows))
+        return written
 
 
 def _summary(day: date, written: _DayWritten, week_rows: int) -> RollupSummary:

@@ -14,7 +14,7 @@ from datetime import date, datetime, timedelta
 
 import sqlalchemy as sa
 
-from marketing_pipelines.db.schema import marketing_event, measurement_daily_rollup
+from marketing_pipelines.db.schema import marketing_event, measurement_daily_rollup, measurement_rollup_day
 from marketing_pipelines.measurement.rollup.event_days import day_bounds, utc_day
 
 
@@ -88,7 +88,7 @@ class DayBacklog:
 
     day: date
     rolled_up_at: datetime | None
-    events: int  # ingested after rolled_up_at (every event of the day when it has no rollup rows)
+    events: int  # ingested after rolled_up_at (every event of the day when the day was never built)
     oldest_ingested_at: datetime | None
 
 
@@ -99,8 +99,9 @@ def day_backlog(conn: sa.Connection, day: date, until: datetime | None = None) -
     sees how recent it is and walks the ``ingested_at`` index from there. As a subquery its value
     would be unknown at planning time and PostgreSQL may walk the whole day on the occurred_at index.
     """
-    e, r = marketing_event, measurement_daily_rollup
-    rolled_up_at = conn.execute(sa.select(sa.func.max(r.c.rolled_up_at)).where(r.c.day == day)).scalar()
+    e, built = marketing_event, measurement_rollup_day
+    # The day's build, rows or none: a day built empty is built (measurement_rollup_day), not missing.
+    rolled_up_at = conn.execute(sa.select(built.c.rolled_up_at).where(built.c.day == day)).scalar()
     start, end = day_bounds(day)
     query = sa.select(sa.func.count(), sa.func.min(e.c.ingested_at)).where(
         e.c.occurred_at >= start, e.c.occurred_at < end
