@@ -3,13 +3,13 @@
 Known failures (bad input, a missing schema, an unreachable database, a bad setting) end as
 one line on stderr naming the problem and the fix, with a non-zero exit; never a traceback.
 
-One module per command group: ``db``, ``campaigns``, ``executions``, ``webhooks``, ``measurement`` (events,
-report, backfill), ``agents`` (users, agents, limits), ``budgets`` and ``local`` (ui, demo); ``common`` holds what
-they share. A group's module is imported only when that group runs (``COMMANDS``); ``--help`` lists them from ``SUMMARIES``,
-importing none, and ``common`` loads only Click at import. None of them imports Dagster at load time: commands
-that need it import it when they run (only ``demo`` in-process: it quiets Dagster's beta warnings). Inside a
-group's module, each command imports the domain modules it runs in its body, so its sibling commands do not
-load them (scheduling an execution loads no agent provider, listing users no rollup sketches); the standard
+One module per command group: ``db``, ``campaigns``, ``executions``, ``webhooks``, ``measurement`` (events, report,
+backfill), ``agents`` (users, agents, limits), ``budgets`` and ``local`` (ui, demo); ``common`` holds what they
+share. A group's module is imported only when that group runs (``COMMANDS``); ``--help`` lists them from
+``SUMMARIES``, importing none, and ``common`` loads only Click at import. None of them imports Dagster at load
+time: commands that need it import it when they run (only ``demo`` in-process: it quiets Dagster's beta warnings).
+Inside a group's module, each command imports the domain modules it runs in its body, so its sibling commands do
+not load them (scheduling an execution loads no agent provider, listing users no rollup sketches); the standard
 library and ``cli.common`` come at the top. A read command thus starts in a fraction of a second
 (benchmarks/cli_latency.py).
 """
