@@ -3,7 +3,7 @@
     python deploy/size.py --cores 8 > /etc/dagster/dagster.yaml
     python deploy/size.py --table               # the numbers for 2, 8 and 32 cores
 
-Three settings follow the cores, the rest of the file is printed as it is:
+Four settings follow the cores, the rest of the file is printed as it is:
 
 - ``concurrency.runs.max_concurrent_runs`` = 4 x cores, cores being those of the machines where run
   workers start (with Dagster's default run launcher, the code-server replicas'). A run worker is a
@@ -21,6 +21,10 @@ Three settings follow the cores, the rest of the file is printed as it is:
   returns once the code server has spawned the worker, so more threads than cores only queue there.
 - ``sensors.num_workers`` = 2 x cores, at most one per sensor (the daemon's threads wait on the
   code server, which evaluates the sensors).
+- ``concurrency.runs.tag_concurrency_limits`` of ``dagster/backfill`` = cores, at most half the runs: a
+  backfill's runs are the CPU-bound ones (a day's rollup), one per core keeps them from slowing each other,
+  and the rest of the runs stay for executions and agent runs due meanwhile, which the run queue dequeues
+  past the backfill runs the limit holds.
 
 The shipped deploy/dagster.yaml is this script's output for 2 cores (the reference machine);
 ``marketing_pipelines_tests/test_deploy_files.py`` keeps them equal.
@@ -50,6 +54,7 @@ class Sizing:
     max_concurrent_runs: int
     dequeue_num_workers: int
     sensor_workers: int
+    backfill_runs: int
 
 
 def sizing(cores: int, pg_max_connections: int | None = None) -> Sizing:
@@ -63,11 +68,13 @@ def sizing(cores: int, pg_max_connections: int | None = None) -> Sizing:
         if pg_max_connections is None
         else (pg_max_connections - pg_max_connections // 5) // CONNECTIONS_PER_RUN
     )
+    max_concurrent_runs = max(1, min(4 * cores, by_connections))
     return Sizing(
         cores=cores,
-        max_concurrent_runs=max(1, min(4 * cores, by_connections)),
+        max_concurrent_runs=max_concurrent_runs,
         dequeue_num_workers=max(2, cores),
         sensor_workers=min(2 * cores, SENSORS),
+        backfill_runs=max(1, min(cores, max_concurrent_runs // 2)),
     )
 
 
@@ -82,11 +89,12 @@ SETTINGS = (
     (r"^(    max_concurrent_runs: )\d+$", "max_concurrent_runs"),
     (r"^(    dequeue_num_workers: )\d+$", "dequeue_num_workers"),
     (r"^(  num_workers: )\d+$", "sensor_workers"),
+    (r"^(        limit: )\d+$", "backfill_runs"),
 )
 
 
 def render(size: Sizing, template: str | None = None) -> str:
-    """deploy/dagster.yaml with the three numbers of ``size``; every other line, comments too, as it is."""
+    """deploy/dagster.yaml with the numbers of ``size``; every other line, comments too, as it is."""
     text = INSTANCE.read_text() if template is None else template
     for pattern, name in SETTINGS:
         text, found = re.subn(pattern, rf"\g<1>{getattr(size, name)}", text, flags=re.MULTILINE)
@@ -116,14 +124,18 @@ def main(argv: list[str] | None = None) -> int:
                 "max_concurrent_runs",
                 "dequeue_num_workers",
                 "sensors.num_workers",
+                "backfill runs",
                 "max_connections at least",
             )
             print("| " + " | ".join(header) + " |")
-            print("|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|")
             for cores in (2, 8, 32):
                 s = sizing(cores)  # the numbers, and the PostgreSQL they need
                 needs = connections_needed(s.max_concurrent_runs)
-                print(f"| {cores} | {s.max_concurrent_runs} | {s.dequeue_num_workers} | {s.sensor_workers} | {needs} |")
+                print(
+                    f"| {cores} | {s.max_concurrent_runs} | {s.dequeue_num_workers} | {s.sensor_workers} "
+                    f"| {s.backfill_runs} | {needs} |"
+                )
             return 0
         size = sizing(args.cores, args.pg_max_connections)
         sys.stdout.write(render(size))

@@ -44,6 +44,23 @@ def backfill(folder: Path, *args: str, **env: str) -> subprocess.CompletedProces
     )
 
 
+def backfill_through(
+    folder: Path, first: date, last: date, workspace: Path, home: Path, days_per_run: int
+) -> subprocess.CompletedProcess[str]:
+    """The command as a deployment's operator runs it: its workspace, its DAGSTER_HOME, days per run set."""
+    return backfill(
+        folder,
+        "--from",
+        first.isoformat(),
+        "--to",
+        last.isoformat(),
+        "-w",
+        str(workspace),
+        DAGSTER_HOME=str(home),
+        MARKETING_BACKFILL_DAYS_PER_RUN=str(days_per_run),
+    )
+
+
 def seeded(folder: Path) -> str:
     """The embedded database in ``folder`` with one event on each of two November days; its URL."""
     url = f"sqlite:///{folder / '.marketing' / 'marketing.db'}"
@@ -107,17 +124,7 @@ def test_the_daemon_runs_the_backfill_as_range_runs_of_the_deployment_workspace(
         dg.DagsterInstance.from_config(str(home)) as instance,
         code_location(instance, env, start_daemon=True) as workspace,
     ):
-        done = backfill(
-            tmp_path,
-            "--from",
-            "2026-10-22",
-            "--to",
-            LAST.isoformat(),
-            "-w",
-            str(workspace),
-            DAGSTER_HOME=str(home),
-            MARKETING_BACKFILL_DAYS_PER_RUN="15",
-        )
+        done = backfill_through(tmp_path, date(2026, 10, 22), LAST, workspace, home, days_per_run=15)
         assert done.returncode == 0, done.stderr
         assert "as 3 run(s) of up to 15 days" in done.stdout
         assert "No dagster-daemon" not in done.stderr
