@@ -269,9 +269,11 @@ def test_eight_processes_never_spend_beyond_the_budgets(database: str, request: 
         _spend(engine, "requester", "ben"),
     )
     # Spend never passes a budget (reservations are the worst case), and each process stopped only when a budget
-    # of its calls was full: not one call more or fewer than the budgets pay for.
+    # of its calls was full: not one call more or fewer than the budgets pay for. The campaign's always fills
+    # (ben's calls go on until it does); ana's fills too unless ben's processes took the campaign's last calls
+    # first (seen in CI: ana's processes started late and made 5 calls), so it is bounded, not reached.
     assert campaign.spent_nano_usd == CAMPAIGN_BUDGET == (calls["ana"] + calls["ben"]) * CALL
-    assert ana.spent_nano_usd == calls["ana"] * CALL == ANA_BUDGET
+    assert ana.spent_nano_usd == calls["ana"] * CALL <= ANA_BUDGET
     assert ben.spent_nano_usd == calls["ben"] * CALL
     # Both or neither: every call the campaign paid for, one of its requesters paid for too.
     assert ana.spent_nano_usd + ben.spent_nano_usd == campaign.spent_nano_usd
