@@ -27,6 +27,7 @@ from typing import Any
 import dagster as dg
 import sqlalchemy as sa
 from _common import DEFAULT_PG, throwaway_database
+from _daemon import environ
 
 # The process harness and the fake live with the tests they serve; run from a checkout, the repository root is
 # importable (spawned workers inherit this sys.path).
@@ -154,23 +155,15 @@ def claim(stage_: Stage, env: Mapping[str, str], ids: Sequence[int]) -> list[dg.
     # The pool as large as the queue, so that one evaluation claims it all (the runs are not launched through
     # Dagster's run queue: the workers execute them).
     claim_env = {**env, "MARKETING_MAX_CONCURRENT_AGENT_RUNS": str(len(ids))}
-    saved = {k: os.environ.get(k) for k in claim_env}
-    os.environ.update(claim_env)  # the sensor's instance is this DAGSTER_HOME
     by_id: dict[int, dg.RunRequest] = {}
-    try:
-        with dg.DagsterInstance.get() as instance:
-            for _ in range(10):
-                settings = AgentSettings(max_concurrent_agent_runs=len(ids))
-                for request in sensor_agent_requests(instance, stage_.app_url, settings):
-                    by_id[int(request.tags[AGENT_RUN_ID])] = request
-                if len(by_id) >= len(ids):
-                    break
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    # The sensor's instance is this DAGSTER_HOME.
+    with environ(claim_env), dg.DagsterInstance.get() as instance:
+        for _ in range(10):
+            settings = AgentSettings(max_concurrent_agent_runs=len(ids))
+            for request in sensor_agent_requests(instance, stage_.app_url, settings):
+                by_id[int(request.tags[AGENT_RUN_ID])] = request
+            if len(by_id) >= len(ids):
+                break
     missing = [i for i in ids if i not in by_id]
     if missing:
         raise SystemExit(f"the sensor did not claim agent runs {missing[:10]}")
