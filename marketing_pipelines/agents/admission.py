@@ -109,7 +109,8 @@ class LimitsGate:
     def settle(self, conn: sa.Connection, admission: Admission, turn: ModelTurn | None) -> dict[str, Any]:
         """Called in the transaction that records the turn (``turn`` None: the call failed, nothing recorded)."""
         usage = turn.usage if turn is not None else {}
-        token_bucket.settle(conn, admission.reservation, used_by(usage) if turn is not None else None)
+        used = used_by(usage) if turn is not None else None
+        token_bucket.settle(conn, admission.reservation, used)
         cost = costs.turn_cost_nano_usd(usage, admission.price) if turn is not None else 0
         budgets.settle(
             conn,
@@ -119,7 +120,7 @@ class LimitsGate:
             reserved_nano_usd=admission.reserved_nano_usd,
             reserved_tokens=admission.reserved_tokens,
             spent_nano_usd=cost,
-            spent_tokens=int(used_by(usage)["tokens"]) if turn is not None else 0,
+            spent_tokens=int(used["tokens"]) if used is not None else 0,
         )
         if turn is None:
             return {}
