@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from _common import print_table, throwaway_database
 
-from marketing_pipelines.agents import token_bucket as tb
+from marketing_pipelines.db import token_bucket as tb
 from marketing_pipelines.db.engine import get_engine
 
 BARE = sa.text(

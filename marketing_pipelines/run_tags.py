@@ -27,6 +27,9 @@ ATTEMPT = "marketing/attempt"
 # measurement_rollup_job's runs started by measurement_late_events_sensor.
 LATE_EVENTS = "marketing/late_events"
 
+# measurement_daily_job's runs that re-import a day its sources may still revise: the sources, comma-separated.
+REVISION_OF = "marketing/revision_of"
+
 # measurement_rollup_job's runs that `marketing-pipelines demo` launched (with `dagster job launch`), and the
 # backfills `marketing-pipelines backfill` created (a backfill's tags are its runs'), by name.
 LAUNCHED_BY = "marketing/launched_by"

@@ -219,7 +219,7 @@ class Settings(BaseSettings):
     )
     max_model_calls_per_minute: int = Field(60, ge=1, le=100_000, description="Token-bucket rate per model provider.")
     # Token limits in the providers' own units, for every model of every provider; unset, a unit is limited only
-    # where `limits set` configured it or a provider's answer said what its limit is (agents/token_bucket.py).
+    # where `limits set` configured it or a provider's answer said what its limit is (db/token_bucket.py).
     max_model_input_tokens_per_minute: int | None = Field(
         None,
         ge=1,
@@ -430,7 +430,7 @@ class Settings(BaseSettings):
         return parse_model_prices(value)
 
     def default_model_limits(self) -> dict[str, int]:
-        """The per-minute limit of each unit configured for every model of a provider (agents/token_bucket.py)."""
+        """The per-minute limit of each unit configured for every model of a provider (db/token_bucket.py)."""
         return model_limits_of(self)
 
     @field_validator("model_provider")

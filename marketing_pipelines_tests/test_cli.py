@@ -270,7 +270,7 @@ def test_executions_show_of_an_unknown_id_is_one_line(ready_db: Path, cli: Cli) 
 
 
 def test_limits_show_rounds_and_report_names_days_outside_the_partitions(ready_db: Path, cli: Cli) -> None:
-    from marketing_pipelines.agents import token_bucket
+    from marketing_pipelines.db import token_bucket
     from marketing_pipelines.db.engine import get_engine
 
     cli("limits", "show")  # creates the buckets
@@ -285,7 +285,7 @@ def test_limits_show_rounds_and_report_names_days_outside_the_partitions(ready_d
 
 
 def test_limits_show_reads_the_bucket_as_it_is_now_not_as_last_written(ready_db: Path, cli: Cli) -> None:
-    from marketing_pipelines.agents import token_bucket
+    from marketing_pipelines.db import token_bucket
     from marketing_pipelines.db.engine import get_engine
 
     assert cli("limits", "set", "offline", "--calls-per-minute", "60", "--burst", "3").exit_code == 0

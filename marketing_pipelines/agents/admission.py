@@ -17,8 +17,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from marketing_pipelines.agents import budgets, costs, token_bucket
+from marketing_pipelines.agents import budgets, costs
 from marketing_pipelines.agents.providers.types import ModelTurn
+from marketing_pipelines.db import token_bucket
 from marketing_pipelines.db.schema import EVERY_MODEL
 
 # How long one model call may wait for its turn before the step is retried later instead (agents/jobs.py).

@@ -16,7 +16,7 @@ import dagster as dg
 import sqlalchemy as sa
 
 from marketing_pipelines import run_tags
-from marketing_pipelines.agents import costs, token_bucket
+from marketing_pipelines.agents import costs
 from marketing_pipelines.agents.admission import TOKEN_WAIT_S, LimitsGate
 from marketing_pipelines.agents.catalog import get_agent
 from marketing_pipelines.agents.display import output_markdown, transcript_markdown
@@ -31,6 +31,7 @@ from marketing_pipelines.agents.queue import AGENT_RUNS, Transcript, get_agent_r
 from marketing_pipelines.agents.resources import AgentSettings
 from marketing_pipelines.agents.runner import AgentResult, AgentStopped, LeaseLost, RunLimits, run_agent_loop
 from marketing_pipelines.agents.users import get_user
+from marketing_pipelines.db import token_bucket
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.executions.webhook import WebhookClient

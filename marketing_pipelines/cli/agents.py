@@ -9,7 +9,6 @@ import click
 import sqlalchemy as sa
 
 from marketing_pipelines.agents.display import output_lines
-from marketing_pipelines.agents.token_bucket import MAX_CALLS_PER_MINUTE, MAX_TOKENS_PER_MINUTE
 from marketing_pipelines.cli.common import (
     ROW_ID,
     FiniteFloat,
@@ -20,6 +19,7 @@ from marketing_pipelines.cli.common import (
     ready_conn,
     settings,
 )
+from marketing_pipelines.db.token_bucket import MAX_CALLS_PER_MINUTE, MAX_TOKENS_PER_MINUTE
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.redact import redact_value, shown_cell, shown_text
 from marketing_pipelines.settings import MODEL_PROVIDERS
@@ -345,8 +345,8 @@ def limits_show(as_json: bool) -> None:
     Example:
       marketing-pipelines limits show
     """
-    from marketing_pipelines.agents.token_bucket import database_now, ensure_limit, list_buckets
     from marketing_pipelines.db.schema import EVERY_MODEL
+    from marketing_pipelines.db.token_bucket import database_now, ensure_limit, list_buckets
 
     s = settings()
     defaults = s.default_model_limits()
@@ -402,11 +402,15 @@ def limits_set(provider: str, model: str, burst: float | None, **per_minute: flo
     Examples:
       marketing-pipelines limits set anthropic --calls-per-minute 50
       marketing-pipelines limits set anthropic --model claude-sonnet-4-5 --input-tokens-per-minute 30000
+      marketing-pipelines limits set source:site_analytics --calls-per-minute 15 --burst 100
     """
-    from marketing_pipelines.agents.token_bucket import configure_limit
+    from marketing_pipelines.db.token_bucket import configure_limit
+    from marketing_pipelines.measurement.sources import SOURCES
 
-    if provider not in MODEL_PROVIDERS:
-        raise InvalidInput(f"unknown provider {provider!r}; known: {', '.join(MODEL_PROVIDERS)}")
+    # A measurement source's request quota is a bucket of the same table (measurement/quota.py).
+    known = (*MODEL_PROVIDERS, *(source.quota_bucket for source in SOURCES))
+    if provider not in known:
+        raise InvalidInput(f"unknown provider {provider!r}; known: {', '.join(known)}")
     given = {unit: per_minute[option] for unit, option in UNIT_OPTIONS.items() if per_minute[option] is not None}
     if not given:
         raise InvalidInput(
@@ -432,7 +436,7 @@ def limits_clear(provider: str, model: str, unit: str) -> None:
     Example:
       marketing-pipelines limits clear anthropic --unit output_tokens
     """
-    from marketing_pipelines.agents.token_bucket import clear_limit
+    from marketing_pipelines.db.token_bucket import clear_limit
 
     with ready_conn() as conn:
         removed = clear_limit(conn, provider, model, unit)

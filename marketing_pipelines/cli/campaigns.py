@@ -18,8 +18,18 @@ def campaigns() -> None:
 @click.option("--name", required=True, help="Display name.")
 @click.option("--owner", required=True, help="Who runs the campaign.")
 @click.option("--utm-campaign", default=None, help="utm_campaign value that maps site analytics to it.")
-@click.option("--github-repo", default=None, help="owner/name whose release downloads count for it.")
-def campaigns_add(campaign_id: str, name: str, owner: str, utm_campaign: str | None, github_repo: str | None) -> None:
+@click.option("--github-repo", default=None, help="owner/name whose release downloads and traffic count for it.")
+@click.option("--pypi-package", default=None, help="PyPI project whose downloads count for it.")
+@click.option("--npm-package", default=None, help="npm package whose downloads count for it.")
+def campaigns_add(
+    campaign_id: str,
+    name: str,
+    owner: str,
+    utm_campaign: str | None,
+    github_repo: str | None,
+    pypi_package: str | None,
+    npm_package: str | None,
+) -> None:
     """Add a campaign.
 
     \b
@@ -28,7 +38,7 @@ def campaigns_add(campaign_id: str, name: str, owner: str, utm_campaign: str | N
         --utm-campaign spring26 --github-repo acme/widget
     """
     with ready_conn() as conn:
-        add_campaign(conn, Campaign(campaign_id, name, owner, utm_campaign, github_repo))
+        add_campaign(conn, Campaign(campaign_id, name, owner, utm_campaign, github_repo, pypi_package, npm_package))
     click.echo(f"added campaign {campaign_id}")
 
 
@@ -43,4 +53,4 @@ def campaigns_list(as_json: bool) -> None:
     """
     with ready_conn() as conn:
         rows = [c.__dict__ for c in list_campaigns(conn)]
-    emit_rows(rows, ["id", "name", "owner", "utm_campaign", "github_repo"], as_json)
+    emit_rows(rows, ["id", "name", "owner", "utm_campaign", "github_repo", "pypi_package", "npm_package"], as_json)

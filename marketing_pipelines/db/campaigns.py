@@ -14,6 +14,11 @@ from marketing_pipelines.errors import InvalidInput
 # Checked with fullmatch: "$" would also match before a trailing newline ("camp-a\n").
 CAMPAIGN_ID_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 GITHUB_REPO_RE = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
+# PyPI: a project name as PEP 508 allows it. npm: a package name as the registry accepts a new one (lowercase,
+# URL-safe, optionally @scope/), at most 214 characters.
+PYPI_PACKAGE_RE = re.compile(r"[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9._-]{0,212}[A-Za-z0-9]")
+NPM_PACKAGE_RE = re.compile(r"(@[a-z0-9~-][a-z0-9._~-]*/)?[a-z0-9~-][a-z0-9._~-]*")
+MAX_NPM_PACKAGE = 214
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,11 @@ class Campaign:
     owner: str
     utm_campaign: str | None = None
     github_repo: str | None = None
+    pypi_package: str | None = None
+    npm_package: str | None = None
+
+
+_COLUMNS = [campaign.c[name] for name in Campaign.__dataclass_fields__]
 
 
 def validate_campaign(c: Campaign) -> None:
@@ -34,6 +44,14 @@ def validate_campaign(c: Campaign) -> None:
         raise InvalidInput("campaign owner must not be empty")
     if c.github_repo is not None and not GITHUB_REPO_RE.fullmatch(c.github_repo):
         raise InvalidInput(f"github repo {c.github_repo!r} must look like owner/name")
+    if c.pypi_package is not None and not PYPI_PACKAGE_RE.fullmatch(c.pypi_package):
+        raise InvalidInput(f"pypi package {c.pypi_package[:220]!r} is not a PyPI project name (letters, digits, . _ -)")
+    if c.npm_package is not None and not (
+        len(c.npm_package) <= MAX_NPM_PACKAGE and NPM_PACKAGE_RE.fullmatch(c.npm_package)
+    ):
+        raise InvalidInput(
+            f"npm package {c.npm_package[:220]!r} is not an npm package name (lowercase, optionally @scope/name)"
+        )
 
 
 def add_campaign(conn: sa.Connection, c: Campaign) -> None:
@@ -41,7 +59,13 @@ def add_campaign(conn: sa.Connection, c: Campaign) -> None:
     if get_campaign(conn, c.id) is not None:
         raise InvalidInput(f"campaign {c.id!r} already exists")
     now = datetime.now(UTC)
-    conn.execute(sa.insert(campaign).values(**c.__dict__, created_at=now, updated_at=now))
+    conn.execute(sa.insert(campaign).values(**_given(c), created_at=now, updated_at=now))
+
+
+def _given(c: Campaign) -> dict[str, str | None]:
+    """The campaign's columns to write: the package mappings only when set, so a seed that names none leaves
+    them as they are (and writes to a database of any schema revision since campaigns had mappings)."""
+    return {k: v for k, v in c.__dict__.items() if v is not None or k not in ("pypi_package", "npm_package")}
 
 
 def upsert_campaign(conn: sa.Connection, c: Campaign) -> None:
@@ -51,18 +75,14 @@ def upsert_campaign(conn: sa.Connection, c: Campaign) -> None:
     updated = conn.execute(
         sa.update(campaign)
         .where(campaign.c.id == c.id)
-        .values(name=c.name, owner=c.owner, utm_campaign=c.utm_campaign, github_repo=c.github_repo, updated_at=now)
+        .values(**{k: v for k, v in _given(c).items() if k != "id"}, updated_at=now)
     ).rowcount
     if not updated:
-        conn.execute(sa.insert(campaign).values(**c.__dict__, created_at=now, updated_at=now))
+        conn.execute(sa.insert(campaign).values(**_given(c), created_at=now, updated_at=now))
 
 
 def get_campaign(conn: sa.Connection, campaign_id: str) -> Campaign | None:
-    row = conn.execute(
-        sa.select(
-            campaign.c.id, campaign.c.name, campaign.c.owner, campaign.c.utm_campaign, campaign.c.github_repo
-        ).where(campaign.c.id == campaign_id)
-    ).one_or_none()
+    row = conn.execute(sa.select(*_COLUMNS).where(campaign.c.id == campaign_id)).one_or_none()
     return Campaign(**row._mapping) if row else None
 
 
@@ -74,9 +94,5 @@ def require_campaign(conn: sa.Connection, campaign_id: str) -> Campaign:
 
 
 def list_campaigns(conn: sa.Connection) -> list[Campaign]:
-    rows = conn.execute(
-        sa.select(
-            campaign.c.id, campaign.c.name, campaign.c.owner, campaign.c.utm_campaign, campaign.c.github_repo
-        ).order_by(campaign.c.id)
-    )
+    rows = conn.execute(sa.select(*_COLUMNS).order_by(campaign.c.id))
     return [Campaign(**row._mapping) for row in rows]

@@ -27,6 +27,8 @@ campaign = sa.Table(
     sa.Column("owner", sa.String(200), nullable=False),
     sa.Column("utm_campaign", sa.String(200), nullable=True, unique=True, comment="Site analytics mapping"),
     sa.Column("github_repo", sa.String(200), nullable=True, comment="owner/name; release downloads mapping"),
+    sa.Column("pypi_package", sa.String(214), nullable=True, comment="PyPI project; package downloads mapping"),
+    sa.Column("npm_package", sa.String(214), nullable=True, comment="npm package; package downloads mapping"),
     sa.Column("created_at", UTCDateTime(), nullable=False),
     sa.Column("updated_at", UTCDateTime(), nullable=False),
 )
@@ -341,6 +343,22 @@ site_analytics_daily = sa.Table(
     sa.Column("visitors", sa.BigInteger, nullable=False),
     sa.Column("pageviews", sa.BigInteger, nullable=False),
     sa.Column("fetched_at", UTCDateTime(), nullable=False),
+)
+
+# What the importers built on the source contract (measurement/sources.py) fetch: one number of one source for one
+# day and one campaign key, split by one dimension where the source has one. The contract says which key matches a
+# campaign (its ``match`` column of ``campaign``) and which metrics the rollup sums (``counted``).
+source_daily_metric = sa.Table(
+    "source_daily_metric",
+    metadata,
+    sa.Column("source", sa.String(32), primary_key=True, comment="The source's name, as the rollup's source column"),
+    sa.Column("day", sa.Date, primary_key=True, comment="UTC day (or the source's own day, its contract says)"),
+    sa.Column("key", sa.String(214), primary_key=True, comment="Matched to campaign.<contract.match>"),
+    sa.Column("dimension", sa.String(1000), primary_key=True, comment="e.g. a page or referrer; '' when none"),
+    sa.Column("metric", sa.String(64), primary_key=True),
+    sa.Column("value", sa.BigInteger, nullable=False),
+    sa.Column("fetched_at", UTCDateTime(), nullable=False),
+    sa.CheckConstraint("value >= 0", name="value"),
 )
 
 github_release_asset_snapshot = sa.Table(

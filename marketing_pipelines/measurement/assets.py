@@ -31,25 +31,36 @@ from marketing_pipelines.measurement.checks import (
     rollup_check_specs,
 )
 from marketing_pipelines.measurement.events.write import IngestionReading, ingestion_reading
-from marketing_pipelines.measurement.importers.base import Importer
+from marketing_pipelines.measurement.importers.base import Importer, MetricImporter, MetricRow, QuotaExhausted
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.importers.store import (
+    campaign_keys,
     campaign_repos,
     import_repo_day,
+    replace_metric_days,
     replace_site_analytics_day,
 )
 from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE_KEY
+from marketing_pipelines.measurement.quota import request_gate
 from marketing_pipelines.measurement.report.rendering import funnel_markdown
 from marketing_pipelines.measurement.rollup.daily import MAX_SHOWN_COUNTS, RollupSummary, replace_rollup_days
-from marketing_pipelines.measurement.sources import SOURCES, missing_variables
+from marketing_pipelines.measurement.sources import (
+    GITHUB_RELEASES,
+    METRIC_TABLE,
+    SITE_ANALYTICS,
+    SOURCES,
+    Source,
+    missing_variables,
+)
 from marketing_pipelines.observable import observable_assets
 from marketing_pipelines.redact import redact_text, shown_cell, visible_controls
 from marketing_pipelines.settings import Settings
 
 GROUP = "measurement"
 OWNERS = ["team:marketing-data"]
-# GitHub: a RateLimited wait longer than its HttpRetry.max_wait_s frees the worker; Dagster re-runs the step later.
+# GitHub's RateLimited, and a source's shared quota (quota.py) short for longer than a step may wait, free the
+# worker: Dagster re-runs the step later.
 RATE_LIMIT_RETRIES = 3
 # A step that failed transiently (5xx or transport errors that outlasted the HTTP client's own attempts, a dropped
 # database connection, a lock or serialization conflict) re-runs the whole step, 30 s, 90 s and 210 s later
@@ -172,6 +183,29 @@ def _ints(values: Mapping[str, int]) -> dict[str, dg.MetadataValue]:
     return {key: dg.MetadataValue.int(value) for key, value in values.items()}
 
 
+def refuse_unreadable(importer: Importer, days: Sequence[date], today: date) -> None:
+    """Fail the step, before any request and without a retry, when a day is older than the source lets be read
+    (``contract.lookback_days``): a re-import would replace the day's stored rows with the nothing the source
+    answers. What was imported for such a day stays, and its rollup still reads it.
+
+    Not for a source of running totals (``count_kind`` cumulative): its store keeps the snapshots that later
+    runs re-derive a day from (importers/store.py)."""
+    contract = importer.contract
+    if contract.count_kind == "cumulative":
+        return
+    unreadable = [day for day in days if not contract.readable(day, today)]
+    if unreadable:
+        first_readable = today - timedelta(days=contract.lookback_days or 0)
+        raise dg.Failure(
+            description=(
+                f"{importer.name} can be read only {contract.lookback_days} days back: {len(unreadable)} of the "
+                f"run's days ({_span(unreadable)}) are older. Nothing was requested or replaced; their stored rows, "
+                f"if any, stay. Backfill from {first_readable} on."
+            ),
+            allow_retries=False,
+        )
+
+
 def _require_configured(importer: Importer) -> None:
     """An importer's asset is in the definitions only while its source is configured (``left_out_importers``).
     Given an unconfigured client anyway (definitions assembled by hand), the step fails at once, without a
@@ -210,10 +244,14 @@ def site_analytics(
     context: dg.AssetExecutionContext, engine: sa.Engine, plausible: PlausibleClient, days: Sequence[date]
 ) -> dg.MaterializeResult:
     _require_configured(plausible)
-    # One query for the whole range. Plausible's limit is an hourly window with no Retry-After: the client
-    # fails the run at once ("retry after the hour") rather than keep a run waiting or spend more requests.
+    refuse_unreadable(plausible, days, datetime.now(UTC).date())
+    # One query for the whole range, within the quota every replica shares. Plausible's own limit is an hourly
+    # window with no Retry-After: a 429 fails the run at once ("retry after the hour") rather than keep a run
+    # waiting or spend more requests; the shared bucket keeps the project from meeting it.
     try:
-        by_day = plausible.campaign_stats(days[0], days[-1])
+        by_day = plausible.campaign_stats(days[0], days[-1], gate=request_gate(engine, SITE_ANALYTICS))
+    except QuotaExhausted as exc:
+        raise dg.RetryRequested(max_retries=RATE_LIMIT_RETRIES, seconds_to_wait=exc.retry_after_s) from exc
     except ServiceError as exc:
         raise dg.Failure(description=str(exc), allow_retries=exc.transient) from exc
     unmapped: set[str] = set()
@@ -251,11 +289,12 @@ def release_downloads(
     _require_configured(github)
     with engine.connect() as conn:
         repos = campaign_repos(conn)
+    gate = request_gate(engine, GITHUB_RELEASES)
     for day in days:
         results, errors = [], []
         for repo in repos:
             try:
-                results.append(import_repo_day(engine, github, repo, day))
+                results.append(import_repo_day(engine, github, repo, day, gate=gate))
             except RateLimited as exc:
                 # A wait longer than the retry's is not held in the worker: Dagster re-runs the step later,
                 # and the days already imported are simply imported again.
@@ -299,6 +338,91 @@ def release_downloads(
         )
     with engine.connect() as conn:
         return dg.MaterializeResult(check_results=[check_no_unflagged_negative_delta(conn, days)])
+
+
+# A count no source reports for one key, day and dimension; larger is a corrupt or hostile answer.
+MAX_METRIC_VALUE = 10**12
+
+
+def checked_metric_rows(
+    source: Source, by_day: Mapping[date, Sequence[MetricRow]], days: Sequence[date], keys: Sequence[str]
+) -> dict[date, list[MetricRow]]:
+    """The importer's rows, refused whole (a permanent ServiceError) unless they hold exactly the asked days, only
+    the asked keys, metrics of the contract, and counts from 0 to MAX_METRIC_VALUE: a day is replaced by what is
+    returned for it, so a row of another day or campaign must not land in it."""
+    contract, asked = source.contract, set(keys)
+    metrics = {*contract.summable, *contract.range_only}
+    if set(by_day) != set(days):
+        raise ServiceError(
+            source.name, f"answered days {_span(sorted(by_day)) if by_day else 'none'}, not {_span(days)}"
+        )
+    for day, rows in by_day.items():
+        for row in rows:
+            problem = (
+                "another day"
+                if row.day != day
+                else "a key not asked for"
+                if row.key not in asked
+                else "a metric not in its contract"
+                if row.metric not in metrics
+                else "a count out of range"
+                if not (isinstance(row.value, int) and 0 <= row.value <= MAX_METRIC_VALUE)
+                else None
+            )
+            if problem:
+                raise ServiceError(source.name, f"{day}: a row of {problem}: {shown_cell(repr(row))[:300]}")
+    return {day: list(by_day[day]) for day in days}
+
+
+def metric_import(
+    context: dg.AssetExecutionContext, engine: sa.Engine, importer: MetricImporter, source: Source, days: Sequence[date]
+) -> dg.MaterializeResult:
+    """One run's days of a source built on the contract: fetched for every campaign key within the shared quota,
+    checked, and each day replaced in ``source_daily_metric``."""
+    _require_configured(importer)
+    refuse_unreadable(importer, days, datetime.now(UTC).date())
+    with engine.connect() as conn:
+        keys = campaign_keys(conn, source.contract.match)
+    if not keys:
+        context.log.warning(
+            f"No campaign has a {source.contract.match}: {source.name} has nothing to import "
+            f"(set it with `marketing-pipelines campaigns add ... --{source.contract.match.replace('_', '-')}`)."
+        )
+        by_day: Mapping[date, Sequence[MetricRow]] = {day: [] for day in days}
+    else:
+        try:
+            by_day = importer.daily_metrics(days[0], days[-1], keys, gate=request_gate(engine, source))
+            by_day = checked_metric_rows(source, by_day, days, keys)
+        except RateLimited as exc:
+            # The shared quota (QuotaExhausted) or the source's own 429 with a wait longer than a step holds.
+            raise dg.RetryRequested(max_retries=RATE_LIMIT_RETRIES, seconds_to_wait=exc.retry_after_s) from exc
+        except ServiceError as exc:
+            raise dg.Failure(description=str(exc), allow_retries=exc.transient) from exc
+    for written in replace_metric_days(engine, source.name, by_day):
+        context.add_asset_metadata(
+            {
+                **_ints({"rows": written.rows, "keys": written.keys}),
+                **_ints({metric: written.totals.get(metric, 0) for metric in source.contract.summable}),
+                "status": dg.MetadataValue.text("imported"),
+            },
+            partition_key=written.day.isoformat(),
+        )
+    return dg.MaterializeResult()
+
+
+def metric_asset_description(source: Source) -> str:
+    """What one row is, from the source's contract."""
+    contract = source.contract
+    counted = ", ".join(f"`{c.metric}` (rolled up as {c.stage}/{c.event_type})" for c in contract.counted)
+    ranged = ", ".join(f"`{m}`" for m in contract.range_only) or "none"
+    return (
+        f"Rows of `source_daily_metric` with source `{source.name}`: one row is one metric of one day for one "
+        f"campaign key (campaign.{contract.match}) and dimension. Summed by the rollup: {counted}. Per day only, "
+        f"never summed across days: {ranged}. Read back {contract.lookback_days or 'any number of'} days; "
+        f"re-imported {contract.revision_days} day(s) after; quota {contract.quota.requests} requests per "
+        f"{contract.quota.period_s:.0f} s (shared bucket {source.quota_bucket}). In the definitions only while "
+        "the source is configured."
+    )
 
 
 def rollup(
@@ -413,6 +537,26 @@ def _daily_asset(shared: Mapping[str, Any], **kwargs: Any) -> Callable[[Callable
         return dg.asset(**shared, **kwargs)
 
 
+def metric_asset(source: Source, shared: Mapping[str, Any]) -> dg.AssetsDefinition:
+    """The daily asset of a source built on the contract, its importer the resource ``source.resource_key``."""
+
+    @_daily_asset(
+        shared,
+        key=dg.AssetKey(source.asset),
+        description=metric_asset_description(source),
+        kinds={"python", "sql"},
+        required_resource_keys={"app_db", source.resource_key},
+    )
+    def _import(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+        importer = getattr(context.resources, source.resource_key)
+        with failures_classified():
+            return metric_import(
+                context, context.resources.app_db.ready_engine(), importer, source, partition_days(context)
+            )
+
+    return _import
+
+
 def build_measurement_assets(
     settings: Settings,
     *,
@@ -469,7 +613,10 @@ def build_measurement_assets(
         with failures_classified():
             return release_downloads(context, app_db.ready_engine(), github, partition_days(context))
 
-    importers = [a for a in (site_analytics_daily, github_release_downloads_daily) if a.key not in left_out]
+    built_on_contract = [metric_asset(source, shared) for source in SOURCES if source.table == METRIC_TABLE]
+    importers = [
+        a for a in (site_analytics_daily, github_release_downloads_daily, *built_on_contract) if a.key not in left_out
+    ]
 
     @_daily_asset(
         shared,

@@ -16,29 +16,42 @@ from marketing_pipelines.measurement.freshness import build_freshness_sensor, bu
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
+from marketing_pipelines.measurement.retention import build_retention_check, sources_with_retention
 from marketing_pipelines.measurement.schedules import build_measurement_daily_schedule
 from marketing_pipelines.measurement.sensors import build_late_events_sensor
+from marketing_pipelines.measurement.sources import SOURCES
 from marketing_pipelines.settings import Settings, resource_from_settings
+
+# Each source's importer resource, by its Source.resource_key (sources.py).
+IMPORTER_RESOURCES: dict[str, type[dg.ConfigurableResource]] = {
+    "plausible": PlausibleClient,
+    "github": GitHubReleasesClient,
+}
 
 
 def importer_resources(
     settings: Settings, environ: Mapping[str, str] | None = None
 ) -> dict[str, dg.ConfigurableResource]:
     """The importers' clients as ``settings`` configure them; a credential is an EnvVar when its variable is set."""
-    return {
-        "plausible": resource_from_settings(PlausibleClient, settings, environ=environ),
-        "github": resource_from_settings(GitHubReleasesClient, settings, environ=environ),
-    }
+    return {key: resource_from_settings(cls, settings, environ=environ) for key, cls in IMPORTER_RESOURCES.items()}
 
 
 def build_defs(settings: Settings) -> dg.Definitions:
     """The domain's definitions as ``settings`` shape them: partitions, backfill policy, intervals, resources."""
+    left_out = left_out_importers(settings)
+    # The configured importers whose source forgets days: each gets within_retention (retention.py).
+    configured = [s for s in SOURCES if dg.AssetKey(s.asset) not in left_out]
+    forgetting = sources_with_retention(configured)
+    first = settings.measurement_start_date
     return dg.Definitions(
-        assets=[observe_marketing_event, *build_measurement_assets(settings, left_out=left_out_importers(settings))],
+        assets=[observe_marketing_event, *build_measurement_assets(settings, left_out=left_out)],
         jobs=[measurement_daily_job, measurement_rollup_job],
-        schedules=[build_measurement_daily_schedule(settings)],
-        asset_checks=[build_today_is_current(settings)],
-        sensors=[build_late_events_sensor(settings), build_freshness_sensor(settings)],
+        schedules=[build_measurement_daily_schedule(settings, configured)],
+        asset_checks=[build_today_is_current(settings), *(build_retention_check(s, first) for s in forgetting)],
+        sensors=[
+            build_late_events_sensor(settings),
+            build_freshness_sensor(settings, retention_sources=forgetting),
+        ],
         resources={
             **importer_resources(settings),
             ROLLUP_IO_MANAGER: resource_from_settings(RollupFrameIOManager, settings),

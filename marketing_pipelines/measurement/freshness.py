@@ -17,7 +17,7 @@ launched from the asset's page selects the asset's checks, this one too, and eva
 rollup (WARN at most, as the sensor would).
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -26,9 +26,11 @@ import sqlalchemy as sa
 
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.measurement.keys import ROLLUP_KEY, TODAY_IS_CURRENT_KEY
+from marketing_pipelines.measurement.retention import WITHIN_RETENTION, retention_evaluation
 from marketing_pipelines.measurement.rollup.event_days import day_bounds
 from marketing_pipelines.measurement.rollup.late import DayBacklog, day_backlog
 from marketing_pipelines.measurement.sensors import DEFAULT_SETTLE_SECONDS
+from marketing_pipelines.measurement.sources import Source
 from marketing_pipelines.settings import Settings
 
 TODAY_IS_CURRENT = TODAY_IS_CURRENT_KEY.name
@@ -110,10 +112,19 @@ def build_today_is_current(settings: Settings) -> dg.AssetChecksDefinition:
     return today_is_current
 
 
-def build_freshness_sensor(settings: Settings, name: str = "measurement_freshness_sensor") -> dg.SensorDefinition:
-    """The sensor, every MARKETING_LATE_EVENTS_INTERVAL_SECONDS; tests build one with another interval."""
+def build_freshness_sensor(
+    settings: Settings, name: str = "measurement_freshness_sensor", retention_sources: Sequence[Source] = ()
+) -> dg.SensorDefinition:
+    """The sensor, every MARKETING_LATE_EVENTS_INTERVAL_SECONDS; tests build one with another interval. It also
+    records ``within_retention`` (retention.py) of each of ``retention_sources``, the configured importers whose
+    source forgets days."""
     interval_seconds, first = settings.late_events_interval_seconds, settings.measurement_start_date
     limit = warn_after(interval_seconds)
+    retention_note = (
+        f" Also records {WITHIN_RETENTION} of {', '.join(s.asset for s in retention_sources)}."
+        if retention_sources
+        else ""
+    )
 
     @dg.sensor(
         name=name,
@@ -122,7 +133,7 @@ def build_freshness_sensor(settings: Settings, name: str = "measurement_freshnes
         description=(
             f"Every {interval_seconds} s (MARKETING_LATE_EVENTS_INTERVAL_SECONDS), records the "
             f"measurement_daily_rollup check {TODAY_IS_CURRENT}: WARN when today's rollup misses an event ingested "
-            f"more than {_seconds(limit)} s ago. Launches no run."
+            f"more than {_seconds(limit)} s ago. Launches no run.{retention_note}"
         ),
     )
     def freshness_sensor(context: dg.SensorEvaluationContext, app_db: AppDatabase) -> dg.SensorResult | dg.SkipReason:
@@ -134,8 +145,9 @@ def build_freshness_sensor(settings: Settings, name: str = "measurement_freshnes
         # The daemon's log gets a line when the check starts failing, not one per tick while it stays so.
         if not fields["passed"] and context.cursor != "failing":
             context.log.warning(fields["description"])
+        retention = [retention_evaluation(context.instance, source, first) for source in retention_sources]
         return dg.SensorResult(
-            asset_events=[dg.AssetCheckEvaluation(**fields)],
+            asset_events=[dg.AssetCheckEvaluation(**f) for f in (fields, *retention)],
             skip_reason=fields["description"],
             cursor="" if fields["passed"] else "failing",
         )

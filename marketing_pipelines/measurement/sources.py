@@ -1,18 +1,114 @@
-"""The measurement sources beside first-party events, and the settings that turn each on.
+"""The measurement sources beside first-party events: what each promises (its contract) and the settings that
+turn it on.
 
 Read without importing the sources' HTTP clients (``importers/``, which import httpx), so
 ``marketing-pipelines status`` can say what is not configured at a command's start-up cost, and
 the definitions can leave an unconfigured importer out. A source is configured when each of its
 settings is set (non-empty): the services' own variables, read through ``Settings``.
+
+Each importer resource declares its source's contract (``contract``, a ``SourceContract`` from this table), and the
+assets, checks and rollup read it instead of knowing the source: how far back a day can still be read
+(``lookback_days``), which recent days still change and are imported again (``revision_days``), whether the source
+counts per day or only a running total (``count_kind``), which numbers add up across days and which (unique
+visitors) only hold for the range they were asked for, its request quota, and after how many days a day not
+read is lost for good (``retention_days``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date, timedelta
+from typing import Literal
 
 from pydantic import SecretStr
 
 from marketing_pipelines.settings import Settings, env_name
+
+CountKind = Literal["daily", "cumulative"]
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A source's documented request limit: ``requests`` per ``period_s`` seconds, ``concurrency`` at once."""
+
+    requests: int
+    period_s: float
+    concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.requests < 2 or self.period_s <= 0:
+            raise ValueError(f"a quota needs at least two requests over a positive period, got {self}")
+
+    @property
+    def burst(self) -> float:
+        """The shared bucket's capacity: a tenth of the quota, at least one request.
+
+        A token bucket of capacity C refilled at R per period admits up to C + R in any one period; with
+        C = quota / 10 and R = quota - C, no period, however it is aligned, sees more than the quota.
+        """
+        return max(1.0, self.requests / 10)
+
+    @property
+    def per_minute(self) -> float:
+        """The bucket's refill: what is left of the quota after its burst, spread over the period."""
+        return (self.requests - self.burst) * 60.0 / self.period_s
+
+
+# The campaign columns a source's key can match (db/schema.py ``campaign``).
+CAMPAIGN_MATCHES = ("utm_campaign", "github_repo", "pypi_package", "npm_package")
+# The table the importers built on this contract write (db/schema.py); the first two importers have their own.
+METRIC_TABLE = "source_daily_metric"
+
+
+@dataclass(frozen=True)
+class Counted:
+    """A metric the rollup sums per campaign and day, and the stage and event type its rows carry there."""
+
+    metric: str
+    stage: str
+    event_type: str
+
+
+@dataclass(frozen=True)
+class SourceContract:
+    """What a measurement source promises, declared by its importer and read by the assets, checks and rollup."""
+
+    # How many days back from today a day can still be read (None: the source keeps its whole history). An
+    # older day is never fetched again: what was imported for it is kept, and a day never imported is refused.
+    lookback_days: int | None
+    # The last N complete days may still change at the source (late processing, revisions): the daily run
+    # imports them again until they settle. 0: a day is final once it ends.
+    revision_days: int
+    # "cumulative": the source reports running totals only; the importer stores daily deltas (once, at import).
+    count_kind: CountKind
+    # Numbers that add up across days and pages, each a rollup row's raw_count.
+    counted: tuple[Counted, ...]
+    # Numbers true only of the range they were asked for (unique visitors, persons): never summed across days,
+    # kept per day and re-queried for a longer range.
+    range_only: tuple[str, ...]
+    quota: Quota
+    # A day not read within this many days of its end is lost (None: never). Checked by within_retention.
+    retention_days: int | None
+    # The campaign column its keys match (CAMPAIGN_MATCHES): which campaign a number counts for.
+    match: str
+
+    def __post_init__(self) -> None:
+        if self.match not in CAMPAIGN_MATCHES:
+            raise ValueError(f"match must be one of {CAMPAIGN_MATCHES}, got {self.match!r}")
+        if set(self.summable) & set(self.range_only):
+            raise ValueError(f"a metric either adds up or holds for its range only: {self.summable}, {self.range_only}")
+
+    @property
+    def summable(self) -> tuple[str, ...]:
+        return tuple(c.metric for c in self.counted)
+
+    def readable(self, day: date, today: date) -> bool:
+        """Whether ``day`` can still be read from the source on ``today``."""
+        return self.lookback_days is None or (today - day).days <= self.lookback_days
+
+    def revised_days(self, last_complete: date) -> list[date]:
+        """The days before ``last_complete`` the source may still revise, newest first."""
+        return [last_complete - timedelta(days=n) for n in range(1, self.revision_days + 1)]
 
 
 @dataclass(frozen=True)
@@ -20,12 +116,72 @@ class Source:
     name: str  # as the rollup's ``source`` column names it
     asset: str  # the importer's asset key
     settings: tuple[str, ...]  # the Settings fields that turn it on
+    contract: SourceContract
+    # Where the contract's numbers were read (docs), so a reader can check them.
+    documented_at: str
+    # The importer's resource key in the definitions.
+    resource_key: str
+    # Where its rows are stored: METRIC_TABLE, or the first two importers' own tables.
+    table: str = METRIC_TABLE
+
+    @property
+    def quota_bucket(self) -> str:
+        """The shared bucket of its request quota (measurement/quota.py), as ``limits show`` and ``limits set``
+        name it."""
+        return f"source:{self.name}"
 
 
-SOURCES = (
-    Source("site_analytics", "site_analytics_daily", ("plausible_api_key", "plausible_site_id")),
-    Source("github_releases", "github_release_downloads_daily", ("github_token",)),
+SITE_ANALYTICS = Source(
+    "site_analytics",
+    "site_analytics_daily",
+    ("plausible_api_key", "plausible_site_id"),
+    SourceContract(
+        lookback_days=None,
+        # Plausible counts as events arrive; a finished day does not change.
+        revision_days=0,
+        count_kind="daily",
+        counted=(Counted("pageviews", "site", "pageview"),),
+        # Per-page visitors of one day; a visitor of two pages or two days is one visitor, so never summed.
+        range_only=("visitors",),
+        # 600 requests an hour per API key by default; a 429 carries no Retry-After.
+        quota=Quota(600, 3600.0),
+        retention_days=None,
+        match="utm_campaign",
+    ),
+    "plausible.io/docs/stats-api (rate limiting)",
+    resource_key="plausible",
+    table="site_analytics_daily",
 )
+GITHUB_RELEASES = Source(
+    "github_releases",
+    "github_release_downloads_daily",
+    ("github_token",),
+    SourceContract(
+        # Only the current running total is served: a day's count must be snapshotted within a day of its end
+        # (importers/store.SNAPSHOT_WINDOW); later runs reuse the stored snapshot.
+        lookback_days=1,
+        revision_days=0,
+        count_kind="cumulative",
+        counted=(Counted("downloads", "release", "download"),),
+        range_only=(),
+        # 5,000 requests an hour with a token (REST API rate limits), shared with every other use of the token.
+        quota=Quota(5000, 3600.0),
+        retention_days=1,
+        match="github_repo",
+    ),
+    "docs.github.com/rest/releases/assets, docs.github.com/rest/using-the-rest-api/rate-limits-for-the-rest-api",
+    resource_key="github",
+    table="github_release_download_daily",
+)
+SOURCES = (SITE_ANALYTICS, GITHUB_RELEASES)
+
+
+def source_named(name: str) -> Source:
+    """The source whose rollup ``source`` value is ``name``."""
+    for source in SOURCES:
+        if source.name == name:
+            return source
+    raise KeyError(f"no measurement source named {name!r}; known: {', '.join(s.name for s in SOURCES)}")
 
 
 def _is_set(value: object) -> bool:

@@ -13,8 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.agents import budgets, costs, users
-from marketing_pipelines.agents import token_bucket as tb
 from marketing_pipelines.agents.queue import get_agent_run, transcript
+from marketing_pipelines.db import token_bucket as tb
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.monitoring.alerts import agent_runs_of_runs
 from marketing_pipelines.settings import DEFAULT_MODEL_PRICES

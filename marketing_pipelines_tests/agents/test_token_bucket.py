@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from marketing_pipelines.agents import token_bucket as tb
+from marketing_pipelines.db import token_bucket as tb
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.errors import InvalidInput
 

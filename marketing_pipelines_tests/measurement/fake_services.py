@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from marketing_pipelines.measurement.importers.base import RequestGate, hooks
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 
@@ -33,8 +34,10 @@ class Api:
 
 def mocked_plausible(api: Api, **fields: Any) -> PlausibleClient:
     class MockedPlausible(PlausibleClient):
-        def _client(self) -> httpx.Client:
-            return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, transport=api.transport())
+        def _client(self, gate: RequestGate | None = None) -> httpx.Client:
+            return httpx.Client(
+                base_url=self.base_url, timeout=self.timeout_s, event_hooks=hooks(gate), transport=api.transport()
+            )
 
         def _sleep(self, seconds: float) -> None:
             pass
@@ -44,8 +47,10 @@ def mocked_plausible(api: Api, **fields: Any) -> PlausibleClient:
 
 def mocked_github(api: Api, **fields: Any) -> GitHubReleasesClient:
     class MockedGitHub(GitHubReleasesClient):
-        def _client(self) -> httpx.Client:
-            return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, transport=api.transport())
+        def _client(self, gate: RequestGate | None = None) -> httpx.Client:
+            return httpx.Client(
+                base_url=self.base_url, timeout=self.timeout_s, event_hooks=hooks(gate), transport=api.transport()
+            )
 
         def _sleep(self, seconds: float) -> None:
             pass

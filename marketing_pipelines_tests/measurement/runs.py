@@ -10,6 +10,7 @@ import dagster as dg
 
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.measurement.assets import RANGE_END_TAG, RANGE_START_TAG, ROLLUP_IO_MANAGER
+from marketing_pipelines.measurement.defs import IMPORTER_RESOURCES
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
@@ -46,8 +47,11 @@ def materialize_measurement(
         instance=instance or dg.DagsterInstance.ephemeral(),
         resources={
             "app_db": AppDatabase(url=db_url),
-            "plausible": clients.get("plausible", PlausibleClient()),
-            "github": clients.get("github", GitHubReleasesClient()),
+            "plausible": PlausibleClient(),
+            "github": GitHubReleasesClient(),
+            # Every other importer of the definitions, unconfigured unless the test gives it.
+            **{key: cls() for key, cls in IMPORTER_RESOURCES.items()},
+            **clients,
             ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
         },
         tags=tags,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from marketing_pipelines.http import RateLimited, ServiceError
-from marketing_pipelines.measurement.importers.base import Importer, ImporterNotConfigured
+from marketing_pipelines.measurement.importers.base import Importer, ImporterNotConfigured, RequestGate, hooks
 from marketing_pipelines.measurement.importers.github import (
     DownloadDelta,
     GitHubReleasesClient,
@@ -47,8 +47,10 @@ class Recorder:
 
 def plausible(recorder: Recorder, **fields: Any) -> PlausibleClient:
     class MockedPlausible(PlausibleClient):
-        def _client(self) -> httpx.Client:
-            return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, transport=recorder.transport())
+        def _client(self, gate: RequestGate | None = None) -> httpx.Client:
+            return httpx.Client(
+                base_url=self.base_url, timeout=self.timeout_s, event_hooks=hooks(gate), transport=recorder.transport()
+            )
 
         def _sleep(self, seconds: float) -> None:
             recorder.sleeps.append(seconds)
@@ -58,8 +60,10 @@ def plausible(recorder: Recorder, **fields: Any) -> PlausibleClient:
 
 def github(recorder: Recorder, **fields: Any) -> GitHubReleasesClient:
     class MockedGitHub(GitHubReleasesClient):
-        def _client(self) -> httpx.Client:
-            return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, transport=recorder.transport())
+        def _client(self, gate: RequestGate | None = None) -> httpx.Client:
+            return httpx.Client(
+                base_url=self.base_url, timeout=self.timeout_s, event_hooks=hooks(gate), transport=recorder.transport()
+            )
 
         def _sleep(self, seconds: float) -> None:
             recorder.sleeps.append(seconds)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
-from marketing_pipelines.http import ServiceError
+from marketing_pipelines.http import RateLimited, ServiceError
+from marketing_pipelines.measurement.sources import SourceContract
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 
@@ -14,21 +18,69 @@ class ImporterNotConfigured(Exception):
     """An importer was asked for data before its credentials were set; the message names the env vars."""
 
 
+# Called with every request a client is about to send (an httpx request hook, so the HTTP client's own retries
+# count too): measurement/quota.py's gate takes one request from the source's shared bucket or raises
+# QuotaExhausted. The clients know nothing of the database that holds the bucket.
+RequestGate = Callable[[httpx.Request], None]
+
+
+class QuotaExhausted(RateLimited):
+    """The source's request quota, shared by every replica, has no request left within the wait a step may hold.
+
+    Raised before the request is sent: nothing was spent at the source. The asset hands the step back to Dagster
+    to retry after ``retry_after_s`` rather than meet the source's 429.
+    """
+
+
+def hooks(gate: RequestGate | None) -> dict[str, list[Callable[..., Any]]]:
+    """The ``event_hooks`` of an importer's httpx client: the quota gate on every request, when there is one."""
+    return {"request": [gate]} if gate is not None else {}
+
+
 @runtime_checkable
 class Importer(Protocol):
     """What assets and sensors need to know about an importer before they call it.
 
-    ``name`` is a read-only property so an implementation can declare it as a ``ClassVar``: on a
-    Dagster resource an annotated instance attribute would become a config field.
+    ``name`` and ``contract`` are read-only properties so an implementation can declare them as ``ClassVar``s:
+    on a Dagster resource an annotated instance attribute would become a config field.
     """
 
     @property
     def name(self) -> str: ...
 
+    @property
+    def contract(self) -> SourceContract:
+        """What the source promises (sources.py): lookback, revisions, count kind, uniques, quota, retention."""
+        ...
+
     def is_configured(self) -> bool: ...
 
     def not_configured_reason(self) -> str:
         """One line naming the env vars to set, e.g. ``set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID``."""
+        ...
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    """One number of a source for one day and one campaign key (source_daily_metric), split by ``dimension``
+    (a page, a referrer) where the source has one, else ``""``."""
+
+    day: dt.date
+    key: str
+    metric: str
+    value: int
+    dimension: str = ""
+
+
+@runtime_checkable
+class MetricImporter(Importer, Protocol):
+    """An importer built on the source contract: its asset, store and rollup rows are the generic ones."""
+
+    def daily_metrics(
+        self, first: dt.date, last: dt.date, keys: Sequence[str], gate: RequestGate | None = None
+    ) -> dict[dt.date, list[MetricRow]]:
+        """Every row of the days ``first`` to ``last`` (each day present, maybe empty) for the campaign ``keys``
+        (values of the campaign column its contract matches), asking ``gate`` before each request."""
         ...
 
 

@@ -21,7 +21,8 @@ from marketing_pipelines.http import (
     is_rate_limited,
     send_with_retries,
 )
-from marketing_pipelines.measurement.importers.base import response_json
+from marketing_pipelines.measurement.importers.base import RequestGate, hooks, response_json
+from marketing_pipelines.measurement.sources import GITHUB_RELEASES, SourceContract
 from marketing_pipelines.redact import redact_url
 from marketing_pipelines.settings import env_name, setting_field, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
@@ -103,6 +104,7 @@ class GitHubReleasesClient(dg.ConfigurableResource):
     """Lists release assets through the GitHub REST API (``GET /repos/{owner}/{repo}/releases``)."""
 
     name: ClassVar[str] = "github_releases"
+    contract: ClassVar[SourceContract] = GITHUB_RELEASES.contract
 
     token: str | None = setting_field("github_token")
     # Shown by name when set, as before it was a setting: an Enterprise API root may carry credentials.
@@ -117,8 +119,11 @@ class GitHubReleasesClient(dg.ConfigurableResource):
     def not_configured_reason(self) -> str:
         return "" if self.is_configured() else f"set {TOKEN_ENV} (unauthenticated GitHub allows 60 requests an hour)"
 
-    def list_release_assets(self, repo: str, etag: str | None = None) -> ReleaseAssetsResult:
-        """Every asset of every release of ``repo`` (``owner/name``), following ``Link: rel="next"`` pages.
+    def list_release_assets(
+        self, repo: str, etag: str | None = None, gate: RequestGate | None = None
+    ) -> ReleaseAssetsResult:
+        """Every asset of every release of ``repo`` (``owner/name``), following ``Link: rel="next"`` pages;
+        ``gate`` is called before each request (the shared quota, measurement/quota.py).
 
         With ``etag``, a first page GitHub answers 304 returns ``not_modified=True`` and no assets. A renamed or
         transferred repository (301 to ``/repositories/{id}/...``) is followed and reported in ``moved_to``.
@@ -132,7 +137,7 @@ class GitHubReleasesClient(dg.ConfigurableResource):
         first_etag: str | None = None
         moved_to: str | None = None
         pages = 0
-        with self._client() as client:
+        with self._client(gate) as client:
             request = client.build_request(
                 "GET", f"/repos/{repo}/releases", params={"per_page": PER_PAGE}, headers=self._headers(etag)
             )
@@ -200,9 +205,9 @@ class GitHubReleasesClient(dg.ConfigurableResource):
         last = redact_url(str(request.url))
         raise ServiceError(SERVICE, f"{repo}: more than {MAX_REDIRECTS} redirects; last to {last}")
 
-    def _client(self) -> httpx.Client:
+    def _client(self, gate: RequestGate | None = None) -> httpx.Client:
         # trust_env=False: HTTP(S)_PROXY / ALL_PROXY in the environment must not route the token elsewhere.
-        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False)
+        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False, event_hooks=hooks(gate))
 
     def _sleep(self, seconds: float) -> None:
         time.sleep(seconds)

@@ -19,7 +19,14 @@ from marketing_pipelines.http import (
     describe_error_response,
     send_with_retries,
 )
-from marketing_pipelines.measurement.importers.base import ImporterNotConfigured, response_json
+from marketing_pipelines.measurement.importers.base import (
+    ImporterNotConfigured,
+    QuotaExhausted,
+    RequestGate,
+    hooks,
+    response_json,
+)
+from marketing_pipelines.measurement.sources import SITE_ANALYTICS, SourceContract
 from marketing_pipelines.settings import env_name, setting_field, shown_in_ui
 from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
@@ -37,7 +44,7 @@ MAX_PAGE_SIZE = 10_000
 # no rate-limit headers, only {"error": "Too many API requests. Your API key is limited to 600 requests per hour."}.
 # A retry within the hour only spends more of the same window, so a 429 is never retried in-process: the one
 # request fails the partition at once (5xx and transport errors are still retried with backoff).
-RATE_LIMIT_WINDOW_S = 3600.0
+RATE_LIMIT_WINDOW_S = SITE_ANALYTICS.contract.quota.period_s
 PLAUSIBLE_HTTP_RETRY = HttpRetry(min_rate_limit_wait_s=RATE_LIMIT_WINDOW_S)
 
 
@@ -57,6 +64,7 @@ class PlausibleClient(dg.ConfigurableResource):
     """Reads campaign traffic from the Plausible Stats API v2 (``POST /api/v2/query``)."""
 
     name: ClassVar[str] = "plausible"
+    contract: ClassVar[SourceContract] = SITE_ANALYTICS.contract
 
     api_key: str | None = setting_field("plausible_api_key")
     site_id: str | None = setting_field("plausible_site_id")
@@ -72,8 +80,11 @@ class PlausibleClient(dg.ConfigurableResource):
         missing = [env for env, value in ((API_KEY_ENV, self.api_key), (SITE_ID_ENV, self.site_id)) if not value]
         return f"set {' and '.join(missing)}" if missing else ""
 
-    def campaign_stats(self, first: dt.date, last: dt.date) -> dict[dt.date, list[SiteAnalyticsRow]]:
+    def campaign_stats(
+        self, first: dt.date, last: dt.date, gate: RequestGate | None = None
+    ) -> dict[dt.date, list[SiteAnalyticsRow]]:
         """Every (day, campaign, page) row of the days ``first`` to ``last``, keyed by day (every day present).
+        ``gate`` is called before each request (the shared quota, measurement/quota.py).
 
         One query covers the whole range, since the results are already broken down by ``time:day``: a
         backfill of a year spends as many requests as it has pages of rows, not one per day, against
@@ -90,7 +101,7 @@ class PlausibleClient(dg.ConfigurableResource):
             first + dt.timedelta(days=n): [] for n in range((last - first).days + 1)
         }
         offset = 0
-        with self._client() as client:
+        with self._client(gate) as client:
             while True:
                 page = self._fetch_page(client, self._query_body(first, last, offset))
                 for item in page:
@@ -114,9 +125,9 @@ class PlausibleClient(dg.ConfigurableResource):
             "pagination": {"limit": self.page_size, "offset": offset},
         }
 
-    def _client(self) -> httpx.Client:
+    def _client(self, gate: RequestGate | None = None) -> httpx.Client:
         # trust_env=False: HTTP(S)_PROXY / ALL_PROXY in the environment must not route the API key elsewhere.
-        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False)
+        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False, event_hooks=hooks(gate))
 
     def _sleep(self, seconds: float) -> None:
         time.sleep(seconds)
@@ -129,6 +140,8 @@ class PlausibleClient(dg.ConfigurableResource):
             response = send_with_retries(
                 client, request, service=SERVICE, policy=PLAUSIBLE_HTTP_RETRY, sleep=self._sleep
             )
+        except QuotaExhausted:
+            raise  # our own shared bucket, not Plausible's answer: nothing was spent, the step retries later
         except RateLimited as exc:
             # A ServiceError, not RateLimited: the asset fails the partition instead of turning it into a Dagster
             # retry that would hold the run for the rest of the hour (or hammer a window that has not reset).

@@ -9,7 +9,7 @@ re-running a partition rewrites it instead of adding to it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
@@ -21,7 +21,9 @@ from marketing_pipelines.db.schema import (
     github_release_download_daily,
     github_repo_etag,
     site_analytics_daily,
+    source_daily_metric,
 )
+from marketing_pipelines.measurement.importers.base import MetricRow, RequestGate
 from marketing_pipelines.measurement.importers.github import (
     DownloadDelta,
     GitHubReleasesClient,
@@ -29,11 +31,12 @@ from marketing_pipelines.measurement.importers.github import (
     derive_download_deltas,
 )
 from marketing_pipelines.measurement.importers.plausible import SiteAnalyticsRow
+from marketing_pipelines.measurement.sources import GITHUB_RELEASES
 
 # GitHub reports only the current cumulative count, so a snapshot stands for the end of a day only
 # if it is taken soon after that day ends (the daily schedule runs minutes after midnight UTC).
 # Later re-runs of an older day reuse its stored snapshot instead of stamping today's totals on it.
-SNAPSHOT_WINDOW = timedelta(days=1)
+SNAPSHOT_WINDOW = timedelta(days=GITHUB_RELEASES.contract.lookback_days or 0)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,52 @@ class RepoDownloads:
         return sum(d.negative_clamped for d in self.deltas)
 
 
+@dataclass(frozen=True)
+class MetricDay:
+    """What one day of a source built on the contract holds after its import."""
+
+    day: date
+    rows: int
+    totals: dict[str, int]  # metric -> its sum over keys and dimensions
+    keys: int
+
+
+def campaign_keys(conn: sa.Connection, match: str) -> list[str]:
+    """The distinct values campaigns hold in column ``match`` (a source contract's), sorted."""
+    column = campaign.c[match]
+    return sorted(conn.execute(sa.select(column).where(column.is_not(None)).distinct()).scalars())
+
+
+def replace_metric_days(engine: sa.Engine, source: str, by_day: Mapping[date, Sequence[MetricRow]]) -> list[MetricDay]:
+    """Replace each day's rows of ``source`` in ``source_daily_metric``, one transaction per day, in day order."""
+    now, t, written = datetime.now(UTC), source_daily_metric, []
+    for day in sorted(by_day):
+        rows = by_day[day]
+        with engine.begin() as conn:
+            conn.execute(sa.delete(t).where(t.c.source == source, t.c.day == day))
+            if rows:
+                conn.execute(
+                    sa.insert(t),
+                    [
+                        {
+                            "source": source,
+                            "day": r.day,
+                            "key": r.key,
+                            "dimension": r.dimension,
+                            "metric": r.metric,
+                            "value": r.value,
+                            "fetched_at": now,
+                        }
+                        for r in rows
+                    ],
+                )
+        totals: dict[str, int] = {}
+        for r in rows:
+            totals[r.metric] = totals.get(r.metric, 0) + r.value
+        written.append(MetricDay(day, len(rows), totals, len({r.key for r in rows})))
+    return written
+
+
 def campaign_repos(conn: sa.Connection) -> list[str]:
     return sorted(
         conn.execute(sa.select(campaign.c.github_repo).where(campaign.c.github_repo.is_not(None)).distinct()).scalars()
@@ -97,13 +146,18 @@ def can_take_snapshot(day: date, now: datetime) -> bool:
 
 
 def import_repo_day(
-    engine: sa.Engine, client: GitHubReleasesClient, repo: str, day: date, now: datetime | None = None
+    engine: sa.Engine,
+    client: GitHubReleasesClient,
+    repo: str,
+    day: date,
+    now: datetime | None = None,
+    gate: RequestGate | None = None,
 ) -> RepoDownloads:
     """Snapshot ``repo`` for ``day`` (when still possible), then replace that day's download deltas of the repo."""
     now = now or datetime.now(UTC)
     snapshot_state, moved_to = "stored", None
     if can_take_snapshot(day, now):
-        snapshot_state, moved_to = _take_snapshot(engine, client, repo, day, now)
+        snapshot_state, moved_to = _take_snapshot(engine, client, repo, day, now, gate)
     with engine.begin() as conn:
         current = _snapshot(conn, repo, day)
         if current is None:
@@ -142,7 +196,7 @@ def import_repo_day(
 
 
 def _take_snapshot(
-    engine: sa.Engine, client: GitHubReleasesClient, repo: str, day: date, now: datetime
+    engine: sa.Engine, client: GitHubReleasesClient, repo: str, day: date, now: datetime, gate: RequestGate | None
 ) -> tuple[str, str | None]:
     """Store ``repo``'s snapshot for ``day``; returns ("fetched" or "not_modified", where it moved or None)."""
     with engine.connect() as conn:
@@ -151,7 +205,7 @@ def _take_snapshot(
         ).one_or_none()
         # A 304 means "same as the snapshot this ETag came from"; without those rows it is of no use.
         usable_etag = stored.etag if stored and _snapshot(conn, repo, stored.snapshot_day) else None
-    result = client.list_release_assets(repo, etag=usable_etag)
+    result = client.list_release_assets(repo, etag=usable_etag, gate=gate)
     with engine.begin() as conn:
         if result.not_modified:
             assert stored is not None

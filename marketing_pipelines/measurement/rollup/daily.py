@@ -23,18 +23,23 @@ from marketing_pipelines.db.schema import (
     measurement_daily_rollup,
     measurement_rollup_day,
     site_analytics_daily,
+    source_daily_metric,
 )
 from marketing_pipelines.db.types import UTCDateTime
 from marketing_pipelines.measurement import sketches
 from marketing_pipelines.measurement.rollup.event_days import day_bounds
 from marketing_pipelines.measurement.rollup.weekly import refresh_week, week_start
+from marketing_pipelines.measurement.sources import METRIC_TABLE, SOURCES, Source
 
 FIRST_PARTY = "first_party"
 SITE_ANALYTICS = "site_analytics"
 GITHUB_RELEASES = "github_releases"
-# Importer rows get a fixed stage and event type so they sit beside first-party rows in one table.
-SITE_STAGE, SITE_EVENT_TYPE = "site", "pageview"
-RELEASE_STAGE, RELEASE_EVENT_TYPE = "release", "download"
+SOURCES_BY_NAME = {source.name: source for source in SOURCES}
+# Importer rows get the stage and event type their source's contract names, beside first-party rows in one table.
+[_SITE_COUNTED] = SOURCES_BY_NAME[SITE_ANALYTICS].contract.counted
+[_RELEASE_COUNTED] = SOURCES_BY_NAME[GITHUB_RELEASES].contract.counted
+SITE_STAGE, SITE_EVENT_TYPE = _SITE_COUNTED.stage, _SITE_COUNTED.event_type
+RELEASE_STAGE, RELEASE_EVENT_TYPE = _RELEASE_COUNTED.stage, _RELEASE_COUNTED.event_type
 
 RowKey = tuple[str, str, str]  # campaign_id, stage, event_type
 # A day's rows shown in its materialization's metadata, at most (the largest by raw_count): the event log
@@ -236,6 +241,29 @@ def release_download_rows(day: date, now: datetime) -> sa.Select[tuple[object, .
     )
 
 
+def source_metric_rows(day: date, now: datetime, source: Source) -> list[sa.Select[tuple[object, ...]]]:
+    """The day's rollup rows of a source built on the contract: per counted metric, its sum per campaign, matched
+    by the campaign column the contract names. Its range-only metrics (uniques) are not summed into the rollup."""
+    m = source_daily_metric
+    join = m.join(campaign, campaign.c[source.contract.match] == m.c.key)
+    return [
+        _importer_rows(day, now, source.name, counted.stage, counted.event_type, m.c.value, join).where(
+            m.c.source == source.name, m.c.day == day, m.c.metric == counted.metric
+        )
+        for counted in source.contract.counted
+    ]
+
+
+def imported_rows(day: date, now: datetime) -> list[sa.Select[tuple[object, ...]]]:
+    """Every importer's rollup rows of ``day``: the first two from their own tables, the rest from the metrics."""
+    built_on_contract = (s for s in SOURCES if s.table == METRIC_TABLE)
+    return [
+        site_analytics_rows(day, now),
+        release_download_rows(day, now),
+        *(rows for source in built_on_contract for rows in source_metric_rows(day, now, source)),
+    ]
+
+
 def _day_written(conn: sa.Connection, day: date) -> _DayWritten:
     """What the day's rollup rows hold now: per-source totals, distinct campaigns and event types, the counts."""
     r = measurement_daily_rollup
@@ -282,7 +310,7 @@ def _replace_day(engine: sa.Engine, day: date) -> _DayWritten:
                     for a, hll in first_party
                 ],
             )
-        for imported in (site_analytics_rows(day, now), release_download_rows(day, now)):
+        for imported in imported_rows(day, now):
             conn.execute(sa.insert(r).from_select(_ROLLUP_COLUMNS, imported))
         written = _day_written(conn, day)
         # The day is built, rows or none: an empty day reads as built empty, not as never built.

@@ -1,5 +1,8 @@
 """Model-call limits as token-bucket rows shared by every process: per provider, model and unit.
 
+The measurement sources' request quotas are rows of the same table (provider ``source:<name>``, model ``*``,
+unit ``requests``; measurement/quota.py), so ``limits show`` and ``limits set`` read and resize them too.
+
 A provider limits calls, input tokens and output tokens per minute (Anthropic, per model class) or calls and all
 tokens (OpenAI). Each limit is one row of ``model_rate_limit`` keyed by provider, model (``'*'``: every model of
 the provider) and unit. A call is admitted against every row that applies to it at once: it reserves one
@@ -215,11 +218,14 @@ def configure_bucket(conn: sa.Connection, provider: str, calls_per_minute: float
     configure_limit(conn, provider, EVERY_MODEL, "requests", calls_per_minute, burst)
 
 
-def ensure_limit(conn: sa.Connection, provider: str, model: str, unit: str, per_minute: float) -> None:
-    """Create the limit with the default size if it does not exist; never resize an existing one."""
+def ensure_limit(
+    conn: sa.Connection, provider: str, model: str, unit: str, per_minute: float, burst: float | None = None
+) -> None:
+    """Create the limit (capacity ``burst``, default one minute's worth) if it does not exist; never resize an
+    existing one: what an operator set with ``limits set`` stays."""
     _check_key(provider, model, unit)
     _check_rate(provider, per_minute, unit)
-    _create(conn, provider, model, unit, per_minute, per_minute, None)
+    _create(conn, provider, model, unit, per_minute, per_minute if burst is None else burst, None)
 
 
 def ensure_bucket(conn: sa.Connection, provider: str, calls_per_minute: float) -> None:

@@ -1,0 +1,215 @@
+"""Each importer declares its source's contract (sources.py), and the assets, checks and schedule read it: lookback,
+revisions, the shared request quota and retention."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, date, datetime, timedelta
+from typing import ClassVar
+
+import dagster as dg
+import httpx
+import pytest
+import sqlalchemy as sa
+
+from marketing_pipelines.db import token_bucket
+from marketing_pipelines.db.schema import EVERY_MODEL, site_analytics_daily
+from marketing_pipelines.measurement.importers.base import Importer, QuotaExhausted
+from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
+from marketing_pipelines.measurement.importers.plausible import PlausibleClient
+from marketing_pipelines.measurement.keys import ROLLUP_KEY, SITE_KEY
+from marketing_pipelines.measurement.quota import ensure_quota, request_gate
+from marketing_pipelines.measurement.retention import WITHIN_RETENTION, retention_fields
+from marketing_pipelines.measurement.schedules import build_measurement_daily_schedule, revision_requests
+from marketing_pipelines.measurement.sources import (
+    GITHUB_RELEASES,
+    SITE_ANALYTICS,
+    SOURCES,
+    Quota,
+    SourceContract,
+    source_named,
+)
+from marketing_pipelines.settings import load_settings
+from marketing_pipelines_tests.measurement.fake_services import Api, mocked_plausible
+from marketing_pipelines_tests.measurement.runs import materialize_measurement
+
+NOW = datetime(2026, 12, 7, 9, 0, tzinfo=UTC)
+TODAY = NOW.date()
+
+
+@pytest.mark.parametrize(
+    ("client", "source"), [(PlausibleClient, SITE_ANALYTICS), (GitHubReleasesClient, GITHUB_RELEASES)]
+)
+def test_every_importer_declares_its_sources_contract(client: type[Importer], source: object) -> None:
+    assert isinstance(client(), Importer)
+    assert client.contract is source.contract  # type: ignore[attr-defined]
+    assert source_named(source.name) is source  # type: ignore[attr-defined]
+    # Running totals are stored as daily deltas; counts that add up and uniques that do not are named apart.
+    for s in SOURCES:
+        assert not set(s.contract.summable) & set(s.contract.range_only), s.name
+    assert GITHUB_RELEASES.contract.count_kind == "cumulative"
+    assert SITE_ANALYTICS.contract.range_only == ("visitors",)
+
+
+@pytest.mark.parametrize(("requests", "period_s"), [(600, 3600.0), (5000, 3600.0), (2, 60.0), (7, 1.0)])
+def test_a_quota_bucket_admits_at_most_the_quota_in_any_period(requests: int, period_s: float) -> None:
+    quota = Quota(requests, period_s)
+    # A bucket of capacity C refilled at R per period admits at most C + R in any window of one period.
+    admitted_in_a_period = quota.burst + quota.per_minute * period_s / 60
+    assert admitted_in_a_period == pytest.approx(requests)
+    assert quota.burst >= 1 and quota.per_minute > 0
+
+
+def test_a_quota_of_fewer_than_two_requests_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least two requests"):
+        Quota(1, 60.0)
+
+
+def tiny(source_quota: Quota) -> object:
+    return replace(SITE_ANALYTICS, contract=replace(SITE_ANALYTICS.contract, quota=source_quota))
+
+
+def test_the_gate_spends_the_shared_quota_and_refuses_unsent_when_it_is_empty(engine: sa.Engine) -> None:
+    source = tiny(Quota(30, 3600.0))  # burst 3, then one request every 133 s
+    api = Api(lambda request: httpx.Response(200, json={"results": [], "meta": {}, "query": {}}))
+    client = mocked_plausible(api)
+    gate = request_gate(engine, source, max_wait_s=0.5)  # type: ignore[arg-type]
+    for _ in range(3):
+        client.campaign_stats(TODAY, TODAY, gate=gate)
+    with pytest.raises(QuotaExhausted) as refused:
+        client.campaign_stats(TODAY, TODAY, gate=gate)
+    assert len(api.requests) == 3  # the fourth was never sent
+    assert 100 < refused.value.retry_after_s <= 134
+    assert "source:site_analytics's shared request quota (30 per 3600 s)" in str(refused.value)
+    # Another replica's gate reads the same row: it is empty for it too.
+    other = request_gate(engine, source, max_wait_s=0.1)  # type: ignore[arg-type]
+    with pytest.raises(QuotaExhausted):
+        other(httpx.Request("POST", "https://plausible.io/api/v2/query"))
+
+
+def test_an_operators_resize_of_a_source_bucket_is_kept(engine: sa.Engine) -> None:
+    with engine.begin() as conn:
+        token_bucket.configure_limit(conn, SITE_ANALYTICS.quota_bucket, EVERY_MODEL, "requests", 2.0, burst=5)
+    ensure_quota(engine, SITE_ANALYTICS)
+    with engine.connect() as conn:
+        bucket = token_bucket.get_bucket(conn, SITE_ANALYTICS.quota_bucket)
+    assert bucket is not None and (bucket.capacity, bucket.per_minute) == (5, pytest.approx(2.0))
+
+
+@pytest.mark.slow
+def test_a_spent_quota_hands_the_step_back_to_dagster_instead_of_failing_it(engine: sa.Engine, db_url: str) -> None:
+    # An operator's bucket of one request, refilled a little under twice a minute: the next request is due in
+    # about 32 s, past the 30 s a step waits in-process, so the step is handed back and Dagster re-runs it.
+    with engine.begin() as conn:
+        token_bucket.configure_limit(conn, SITE_ANALYTICS.quota_bucket, EVERY_MODEL, "requests", 1.9, burst=1)
+    api = Api(lambda request: httpx.Response(200, json={"results": [], "meta": {}, "query": {}}))
+    day = TODAY - timedelta(days=3)
+    assert materialize_measurement([SITE_KEY], db_url, [day], plausible=mocked_plausible(api)).success
+    second = materialize_measurement([SITE_KEY], db_url, [day], plausible=mocked_plausible(api))
+    retries = [e for e in second.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+    assert len(retries) == 1 and second.success
+    # The retried attempt sent the run's one request; the refused one sent nothing.
+    assert len(api.requests) == 2
+
+
+class ShortLookback(PlausibleClient):
+    """Plausible as if it kept 14 days, as GitHub traffic does."""
+
+    contract: ClassVar[SourceContract] = replace(SITE_ANALYTICS.contract, lookback_days=14)
+
+
+def test_a_day_older_than_the_lookback_is_refused_unrequested_and_its_rows_stay(engine: sa.Engine, db_url: str) -> None:
+    old = datetime.now(UTC).date() - timedelta(days=20)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(site_analytics_daily).values(
+                day=old, utm_campaign="alpha26", page="/", visitors=3, pageviews=4, fetched_at=NOW
+            )
+        )
+    api = Api(lambda request: httpx.Response(200, json={"results": [], "meta": {}, "query": {}}))
+
+    class Mocked(ShortLookback):
+        def _client(self, gate: object = None) -> httpx.Client:
+            return httpx.Client(base_url=self.base_url, transport=api.transport())
+
+    result = materialize_measurement(
+        [SITE_KEY], db_url, [old], plausible=Mocked(api_key="k", site_id="example.com"), raise_on_error=False
+    )
+    assert not result.success
+    [failure] = [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    message = failure.step_failure_data.user_failure_data.description  # type: ignore[union-attr]
+    assert "can be read only 14 days back" in message and old.isoformat() in message
+    assert not [e for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY]
+    assert api.requests == []
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(site_analytics_daily.c.pageviews)).scalars().all() == [4]
+
+
+def forgetting(days: int) -> object:
+    return replace(SITE_ANALYTICS, contract=replace(SITE_ANALYTICS.contract, retention_days=days))
+
+
+def keys(*days: date) -> set[str]:
+    return {d.isoformat() for d in days}
+
+
+def test_retention_passes_while_every_due_day_was_imported() -> None:
+    source = forgetting(14)
+    done = keys(*(TODAY - timedelta(days=n) for n in range(1, 15)))
+    fields = retention_fields(source, done, NOW, date(2026, 1, 1))  # type: ignore[arg-type]
+    assert fields["passed"] and fields["check_name"] == WITHIN_RETENTION
+
+
+def test_a_source_that_stops_answering_is_flagged_before_its_days_are_lost() -> None:
+    source = forgetting(14)
+    # Imported up to five days ago; nothing since (the source stopped answering four days ago).
+    done = keys(*(TODAY - timedelta(days=n) for n in range(5, 15)))
+    fields = retention_fields(source, done, NOW, date(2026, 1, 1))  # type: ignore[arg-type]
+    assert not fields["passed"] and fields["severity"] == dg.AssetCheckSeverity.WARN
+    oldest = TODAY - timedelta(days=4)
+    # Yesterday ended 9 h ago, within its grace (a day); the three before it are overdue.
+    assert fields["metadata"]["days_overdue"].value == 3
+    assert fields["metadata"]["oldest_overdue_day"].value == oldest.isoformat()
+    # 2026-12-03 ended 2026-12-04 00:00; kept 14 days after: lost 2026-12-18 00:00, 255 h after NOW.
+    assert fields["metadata"]["hours_left"].value == 255.0
+    assert f"{oldest} is lost in about 255 h" in fields["description"]
+
+
+def test_a_one_day_retention_warns_half_a_day_after_the_day_ends() -> None:
+    yesterday = TODAY - timedelta(days=1)
+    source = forgetting(1)
+    early = retention_fields(source, set(), datetime(2026, 12, 7, 11, 0, tzinfo=UTC), date(2026, 1, 1))  # type: ignore[arg-type]
+    late = retention_fields(source, set(), datetime(2026, 12, 7, 13, 0, tzinfo=UTC), date(2026, 1, 1))  # type: ignore[arg-type]
+    assert early["passed"] and not late["passed"]
+    assert late["metadata"]["oldest_overdue_day"].value == yesterday.isoformat()
+    assert late["metadata"]["hours_left"].value == 11.0
+
+
+def test_days_before_the_partitions_are_not_asked_for() -> None:
+    fields = retention_fields(forgetting(14), set(), NOW, TODAY - timedelta(days=2))  # type: ignore[arg-type]
+    assert fields["metadata"]["days_overdue"].value == 1  # the day before yesterday; yesterday is within grace
+
+
+def revising(days: int) -> object:
+    return replace(SITE_ANALYTICS, contract=replace(SITE_ANALYTICS.contract, revision_days=days))
+
+
+def test_the_daily_schedule_imports_again_the_days_a_source_may_still_revise() -> None:
+    schedule = build_measurement_daily_schedule(load_settings(), [revising(2), GITHUB_RELEASES])  # type: ignore[list-item]
+    context = dg.build_schedule_context(scheduled_execution_time=datetime(2026, 11, 27, 0, 15, tzinfo=UTC))
+    requests = schedule(context)
+    assert [(r.partition_key, r.run_key) for r in requests] == [  # type: ignore[union-attr]
+        ("2026-11-26", "measurement-daily:2026-11-26"),
+        ("2026-11-25", "measurement-revision:2026-11-25:2026-11-26"),
+        ("2026-11-24", "measurement-revision:2026-11-24:2026-11-26"),
+    ]
+    # A revised day imports only the revising source again, then its rollup.
+    assert requests[1].asset_selection == [SITE_KEY, ROLLUP_KEY]  # type: ignore[index]
+    assert requests[1].tags["marketing/revision_of"] == "site_analytics"  # type: ignore[index]
+
+
+def test_no_revision_is_asked_for_a_day_before_the_partitions() -> None:
+    assert revision_requests(date(2026, 1, 2), [revising(3)], date(2026, 1, 1)) == [  # type: ignore[list-item]
+        *revision_requests(date(2026, 1, 2), [revising(1)], date(2026, 1, 1))  # type: ignore[list-item]
+    ]
+    assert len(revision_requests(date(2026, 1, 2), [revising(3)], date(2026, 1, 1))) == 1  # type: ignore[list-item]
