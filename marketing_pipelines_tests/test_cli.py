@@ -154,6 +154,44 @@ def test_bad_campaign_and_duplicate(ready_db: Path, cli: Cli) -> None:
     assert repo.exit_code == 1 and "owner/name" in repo.output
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("--pypi-package", "bad name", "is not a PyPI project name"),
+        ("--pypi-package", "-leading", "is not a PyPI project name"),
+        ("--pypi-package", "x" * 215, "is not a PyPI project name"),
+        ("--npm-package", "Upper", "is not an npm package name"),
+        ("--npm-package", "@scope/a/b", "is not an npm package name"),
+        ("--npm-package", "a" * 215, "is not an npm package name"),
+        ("--npm-package", "=HYPERLINK(x)", "is not an npm package name"),
+    ],
+)
+def test_a_campaigns_package_names_are_checked_in_one_line(
+    ready_db: Path, cli: Cli, option: str, value: str, says: str
+) -> None:
+    bad = cli("campaigns", "add", "pkg", "--name", "x", "--owner", "y", option, value)
+    assert bad.exit_code == 1 and says in bad.output and len(bad.output.strip().splitlines()) == 1
+
+
+def test_a_campaign_maps_its_packages(ready_db: Path, cli: Cli) -> None:
+    added = cli(
+        "campaigns",
+        "add",
+        "pkg",
+        "--name",
+        "x",
+        "--owner",
+        "y",
+        "--pypi-package",
+        "dagster-postgres",
+        "--npm-package",
+        "@acme/widget",
+    )
+    assert added.exit_code == 0, added.output
+    [listed] = [c for c in json.loads(cli("campaigns", "list", "--json").output) if c["id"] == "pkg"]
+    assert (listed["pypi_package"], listed["npm_package"]) == ("dagster-postgres", "@acme/widget")
+
+
 def test_unreachable_postgres_is_one_clear_line() -> None:
     run = cli_for("postgresql://nobody@127.0.0.1:1/nothing")
     result = run("db", "upgrade")

@@ -366,7 +366,7 @@ def checked_metric_rows(
                 else "a metric not in its contract"
                 if row.metric not in metrics
                 else "a count out of range"
-                if not (isinstance(row.value, int) and 0 <= row.value <= MAX_METRIC_VALUE)
+                if not (type(row.value) is int and 0 <= row.value <= MAX_METRIC_VALUE)  # bool is an int subclass
                 else None
             )
             if problem:

@@ -14,7 +14,9 @@ import sqlalchemy as sa
 
 from marketing_pipelines.db import token_bucket
 from marketing_pipelines.db.schema import EVERY_MODEL, site_analytics_daily
-from marketing_pipelines.measurement.importers.base import Importer, QuotaExhausted
+from marketing_pipelines.http import ServiceError
+from marketing_pipelines.measurement.assets import checked_metric_rows
+from marketing_pipelines.measurement.importers.base import Importer, MetricRow, QuotaExhausted
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.keys import ROLLUP_KEY, SITE_KEY
@@ -213,3 +215,45 @@ def test_no_revision_is_asked_for_a_day_before_the_partitions() -> None:
         *revision_requests(date(2026, 1, 2), [revising(1)], date(2026, 1, 1))  # type: ignore[list-item]
     ]
     assert len(revision_requests(date(2026, 1, 2), [revising(3)], date(2026, 1, 1))) == 1  # type: ignore[list-item]
+
+
+ON_CONTRACT = replace(SITE_ANALYTICS, name="example", table="source_daily_metric")
+D1, D2 = date(2026, 11, 24), date(2026, 11, 25)
+
+
+def row(day: date = D1, key: str = "spring26", metric: str = "pageviews", value: object = 5) -> MetricRow:
+    return MetricRow(day=day, key=key, metric=metric, value=value)  # type: ignore[arg-type]
+
+
+def test_a_sources_answer_is_kept_when_it_holds_exactly_the_asked_days_keys_and_metrics() -> None:
+    answer = {D1: [row(), row(metric="visitors", value=3)], D2: []}
+    assert checked_metric_rows(ON_CONTRACT, answer, [D1, D2], ["spring26"]) == answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        ({D1: [row()]}, "answered days 2026-11-24, not 2026-11-24..2026-11-25"),
+        ({D1: [row(day=D2)], D2: []}, "a row of another day"),
+        ({D1: [row(key="someone-elses")], D2: []}, "a row of a key not asked for"),
+        ({D1: [row(metric="revenue")], D2: []}, "a row of a metric not in its contract"),
+        ({D1: [row(value=-1)], D2: []}, "a row of a count out of range"),
+        ({D1: [row(value=10**13)], D2: []}, "a row of a count out of range"),
+        ({D1: [row(value=1.5)], D2: []}, "a row of a count out of range"),
+        ({D1: [row(value=float("nan"))], D2: []}, "a row of a count out of range"),
+        ({D1: [row(value=True)], D2: []}, "a row of a count out of range"),
+    ],
+)
+def test_an_answer_with_a_row_of_another_day_key_or_metric_or_a_wild_count_is_refused_whole(
+    answer: dict[date, list[MetricRow]], problem: str
+) -> None:
+    with pytest.raises(ServiceError) as refused:
+        checked_metric_rows(ON_CONTRACT, answer, [D1, D2], ["spring26"])
+    assert problem in str(refused.value) and "\n" not in str(refused.value)
+    assert not refused.value.transient
+
+
+def test_a_hostile_key_in_a_refusal_is_shown_inert() -> None:
+    with pytest.raises(ServiceError) as refused:
+        checked_metric_rows(ON_CONTRACT, {D1: [row(key="=HYPERLINK(\x1b[31m\u202e")], D2: []}, [D1, D2], ["a"])
+    assert "\x1b" not in str(refused.value) and "\u202e" not in str(refused.value)
