@@ -13,9 +13,11 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.db import token_bucket
+from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import EVERY_MODEL, site_analytics_daily
 from marketing_pipelines.http import ServiceError
 from marketing_pipelines.measurement.assets import checked_metric_rows
+from marketing_pipelines.measurement.freshness import build_freshness_sensor
 from marketing_pipelines.measurement.importers.base import Importer, MetricRow, QuotaExhausted
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
@@ -257,3 +259,24 @@ def test_a_hostile_key_in_a_refusal_is_shown_inert() -> None:
     with pytest.raises(ServiceError) as refused:
         checked_metric_rows(ON_CONTRACT, {D1: [row(key="=HYPERLINK(\x1b[31m\u202e")], D2: []}, [D1, D2], ["a"])
     assert "\x1b" not in str(refused.value) and "\u202e" not in str(refused.value)
+
+
+def test_the_freshness_sensor_records_within_retention_from_the_instances_materializations(db_url: str) -> None:
+    source = forgetting(14)
+    sensor = build_freshness_sensor(load_settings(), name="retention_probe", retention_sources=[source])  # type: ignore[list-item]
+    today = datetime.now(UTC).date()
+    with dg.instance_for_test() as instance:
+        # Imported for a while, then nothing for the last four days: the source stopped answering.
+        for n in range(5, 15):
+            instance.report_runless_asset_event(
+                dg.AssetMaterialization(SITE_KEY, partition=(today - timedelta(days=n)).isoformat())
+            )
+        result = sensor(dg.build_sensor_context(instance=instance, resources={"app_db": AppDatabase(url=db_url)}))
+    assert isinstance(result, dg.SensorResult) and not result.run_requests
+    [_, retention] = result.asset_events
+    assert isinstance(retention, dg.AssetCheckEvaluation)
+    assert retention.asset_check_key == dg.AssetCheckKey(SITE_KEY, WITHIN_RETENTION)
+    assert (retention.passed, retention.severity) == (False, dg.AssetCheckSeverity.WARN)
+    # The three days before yesterday are overdue; yesterday ended today, within its day of grace.
+    assert retention.metadata["oldest_overdue_day"].value == (today - timedelta(days=4)).isoformat()
+    assert retention.metadata["days_overdue"].value == 3
