@@ -72,6 +72,12 @@ IMPORT_RETRY_POLICY = dg.RetryPolicy(
     max_retries=3, delay=30, backoff=dg.Backoff.EXPONENTIAL, jitter=dg.Jitter.PLUS_MINUS
 )
 ROLLUP_IO_MANAGER = "rollup_frames"
+# Each measurement asset (every source's importer and the rollup) is materialized by measurement_daily_schedule at
+# 00:15 UTC: one that has not been by 06:00 UTC is FAILING in the UI's freshness (Dagster's freshness daemon,
+# on by default, evaluates it every 30 s), so a source that stopped answering shows on its own asset, by name,
+# where the catalog and the asset's page show health. Any partition's materialization counts, as Dagster's
+# policies are per asset; within_retention (retention.py) says which days are missing.
+DAILY_FRESHNESS = dg.FreshnessPolicy.cron(deadline_cron="0 6 * * *", lower_bound_delta=timedelta(hours=6))
 # The tags of a run over a partition range, as a backfill run carries them (Dagster does not re-export the names).
 RANGE_START_TAG, RANGE_END_TAG = "dagster/asset_partition_range_start", "dagster/asset_partition_range_end"
 
@@ -585,6 +591,7 @@ def build_measurement_assets(
         "retry_policy": retry_policy,
         "group_name": GROUP,
         "owners": OWNERS,
+        "freshness_policy": DAILY_FRESHNESS,
     }
 
     @_daily_asset(
