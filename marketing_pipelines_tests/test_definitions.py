@@ -49,6 +49,7 @@ SENSORS = {
     "queued_agent_runs_sensor",
     "agent_run_failure_sensor",
     "agent_run_canceled_sensor",
+    "measurement_automation_sensor",
     "measurement_late_events_sensor",
     "measurement_freshness_sensor",
     "queue_health_sensor",

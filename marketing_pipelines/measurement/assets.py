@@ -94,6 +94,18 @@ def measurement_partitions(start_date: date) -> dg.DailyPartitionsDefinition:
 
 
 MARKETING_EVENT_KEY = dg.AssetKey("marketing_event")
+# A day of the rollup is rebuilt, by measurement_automation_sensor, once a day of an importer it reads was
+# materialized by a run that did not also rebuild it: a source's revised day (measurement_daily_schedule's revision
+# runs import only), an importer's partition re-run or backfilled from the UI. Dagster's any_deps_updated already
+# skips an update whose run also materializes the rollup (the daily job, `backfill --imports`), and waits while an
+# importer of the day or the day itself is in progress. The raw events are not in it: marketing_event is one
+# observed table, not per day, and an observation would mark every day; measurement_late_events_sensor knows
+# which days late events fall on (sensors.py).
+ROLLUP_AUTOMATION = (
+    dg.AutomationCondition.any_deps_updated().ignore(dg.AssetSelection.assets(MARKETING_EVENT_KEY)).since_last_handled()
+    & ~dg.AutomationCondition.any_deps_in_progress()
+    & ~dg.AutomationCondition.in_progress()
+).with_label("an importer's day changed since this day was built")
 marketing_event_asset = dg.AssetSpec(
     MARKETING_EVENT_KEY,
     description=(
@@ -638,6 +650,7 @@ def build_measurement_assets(
         check_specs=rollup_check_specs(partitions_def),
         # Loading the asset (defs.load_asset_value, a downstream asset) reads the table as a DataFrame.
         io_manager_key=ROLLUP_IO_MANAGER,
+        automation_condition=ROLLUP_AUTOMATION,
     )
     def measurement_daily_rollup(
         context: dg.AssetExecutionContext, app_db: AppDatabase

@@ -15,6 +15,7 @@ from marketing_pipelines.measurement.assets import (
 from marketing_pipelines.measurement.freshness import build_freshness_sensor, build_today_is_current
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
+from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.retention import build_retention_check, sources_with_retention
 from marketing_pipelines.measurement.schedules import build_measurement_daily_schedule
@@ -36,6 +37,21 @@ def importer_resources(
     return {key: resource_from_settings(cls, settings, environ=environ) for key, cls in IMPORTER_RESOURCES.items()}
 
 
+# Evaluates the rollup's automation condition (assets.ROLLUP_AUTOMATION); Dagster's default sensor for it starts
+# stopped, and a revised day would then never reach the rollup.
+measurement_automation_sensor = dg.AutomationConditionSensorDefinition(
+    "measurement_automation_sensor",
+    target=dg.AssetSelection.assets(ROLLUP_KEY),
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    minimum_interval_seconds=30,
+    description=(
+        "Rebuilds a day of measurement_daily_rollup once a day of an importer it reads was materialized without it "
+        "(a source's revised day, an importer's partition re-run or backfilled). Several days at once become one "
+        "backfill, so the run queue's backfill limit applies."
+    ),
+)
+
+
 def build_defs(settings: Settings) -> dg.Definitions:
     """The domain's definitions as ``settings`` shape them: partitions, backfill policy, intervals, resources."""
     left_out = left_out_importers(settings)
@@ -49,6 +65,7 @@ def build_defs(settings: Settings) -> dg.Definitions:
         schedules=[build_measurement_daily_schedule(settings, configured)],
         asset_checks=[build_today_is_current(settings), *(build_retention_check(s, first) for s in forgetting)],
         sensors=[
+            measurement_automation_sensor,
             build_late_events_sensor(settings),
             build_freshness_sensor(settings, retention_sources=forgetting),
         ],

@@ -7,7 +7,6 @@ from datetime import UTC, date, timedelta
 import dagster as dg
 
 from marketing_pipelines.measurement.assets import measurement_daily_job
-from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.measurement.sources import Source
 from marketing_pipelines.run_tags import REVISION_OF
 from marketing_pipelines.settings import Settings
@@ -15,7 +14,9 @@ from marketing_pipelines.settings import Settings
 
 def revision_requests(yesterday: date, sources: Sequence[Source], first: date) -> list[dg.RunRequest]:
     """A run per earlier day that a configured source may still revise (``contract.revision_days``): that day of
-    the sources revising it, then its rollup. Yesterday's own run imports every source."""
+    the sources revising it. Its rollup follows by declarative automation (assets.ROLLUP_AUTOMATION, evaluated by
+    measurement_automation_sensor) once the import succeeded. Yesterday's own run imports every source and rolls
+    the day up."""
     by_day: dict[date, list[Source]] = {}
     for source in sources:
         for day in source.contract.revised_days(yesterday):
@@ -26,7 +27,7 @@ def revision_requests(yesterday: date, sources: Sequence[Source], first: date) -
             # Once per (revised day, schedule day): each later tick within the window imports the day again.
             run_key=f"measurement-revision:{day.isoformat()}:{yesterday.isoformat()}",
             partition_key=day.isoformat(),
-            asset_selection=[*(dg.AssetKey(s.asset) for s in revising), ROLLUP_KEY],
+            asset_selection=[dg.AssetKey(s.asset) for s in revising],
             tags={REVISION_OF: ",".join(s.name for s in revising)},
         )
         for day, revising in sorted(by_day.items(), reverse=True)
@@ -41,7 +42,7 @@ def build_measurement_daily_schedule(settings: Settings, sources: Sequence[Sourc
     revision_note = (
         " Then re-imports the days "
         + ", ".join(f"{s.name} may revise ({s.contract.revision_days} before)" for s in revising)
-        + ", each with its rollup."
+        + "; measurement_automation_sensor rebuilds their rollup."
         if revising
         else ""
     )

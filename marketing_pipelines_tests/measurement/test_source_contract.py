@@ -21,7 +21,7 @@ from marketing_pipelines.measurement.freshness import build_freshness_sensor
 from marketing_pipelines.measurement.importers.base import Importer, MetricRow, QuotaExhausted
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
-from marketing_pipelines.measurement.keys import ROLLUP_KEY, SITE_KEY
+from marketing_pipelines.measurement.keys import SITE_KEY
 from marketing_pipelines.measurement.quota import ensure_quota, request_gate
 from marketing_pipelines.measurement.retention import WITHIN_RETENTION, retention_fields
 from marketing_pipelines.measurement.schedules import build_measurement_daily_schedule, revision_requests
@@ -207,8 +207,8 @@ def test_the_daily_schedule_imports_again_the_days_a_source_may_still_revise() -
         ("2026-11-25", "measurement-revision:2026-11-25:2026-11-26"),
         ("2026-11-24", "measurement-revision:2026-11-24:2026-11-26"),
     ]
-    # A revised day imports only the revising source again, then its rollup.
-    assert requests[1].asset_selection == [SITE_KEY, ROLLUP_KEY]  # type: ignore[index]
+    # A revised day imports only the revising source again; its rollup follows by automation.
+    assert requests[1].asset_selection == [SITE_KEY]  # type: ignore[index]
     assert requests[1].tags["marketing/revision_of"] == "site_analytics"  # type: ignore[index]
 
 
