@@ -123,7 +123,14 @@ def parse_day(value: str, option: str) -> date:
 @click.option("--campaign", "campaign_id", required=True, help="Campaign id.")
 @click.option("--from", "start", default=None, help="First UTC day (YYYY-MM-DD); default: first rolled-up day.")
 @click.option("--to", "end", default=None, help="Last UTC day, inclusive; default: last rolled-up day.")
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "csv", "json", "html"]),
+    default="table",
+    show_default=True,
+    help="html: one self-contained page, the funnel and each source's days as charts over their tables.",
+)
 @click.option("--stages", default=None, help="Funnel order, comma-separated (default: by unique actors).")
 def report_command(campaign_id: str, start: str | None, end: str | None, fmt: str, stages: str | None) -> None:
     """Counts, unique actors, a daily series and the funnel of a campaign, from the daily rollup.
@@ -135,9 +142,11 @@ def report_command(campaign_id: str, start: str | None, end: str | None, fmt: st
     Example:
       marketing-pipelines report --campaign spring-launch --from 2026-11-01 --to 2026-11-30
       marketing-pipelines report --campaign spring-launch --format csv > spring.csv
+      marketing-pipelines report --campaign spring-launch --format html > spring.html
     """
     # Imported here: the other commands need not load the report's reads and sketches.
     from marketing_pipelines.measurement.report.build import measurement_report
+    from marketing_pipelines.measurement.report.charts import render_html
     from marketing_pipelines.measurement.report.rendering import render
 
     first = parse_day(start, "--from") if start else None
@@ -145,7 +154,8 @@ def report_command(campaign_id: str, start: str | None, end: str | None, fmt: st
     order = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     with ready_conn() as conn:
         result = measurement_report(conn, campaign_id, first, last, stage_order=order)
-    click.echo(render(result, fmt).rstrip("\n"))
+    # The page draws on the report's text (its number formats), so it is rendered beside it, not by it.
+    click.echo((render_html(result) if fmt == "html" else render(result, fmt)).rstrip("\n"))
     partitions_start = settings().measurement_start_date
     if first is not None and first < partitions_start:
         # Those days have no partition to materialize: the suggestion above cannot apply to them.

@@ -12,9 +12,11 @@ contract in pyproject.toml holds the order):
 
 - ``model``: what the report holds (``MeasurementReport``, ``RangeTotal``, ``DailyPoint``, ``FunnelStep``);
 - ``reads``: the statements, what they fill per key, and which weekly or daily sketches make up a union;
-- ``build``: ``measurement_report``, and ``funnel_steps`` for a range or a day;
+- ``build``: ``measurement_report``, ``funnel_steps`` for a range or a day, and ``day_funnels`` (a day's campaigns);
 - ``rendering``: the report as a table, CSV or JSON, and one day's funnel as Markdown (the rollup asset's);
-- ``frames``: the report and the rollup as pandas DataFrames, and the IO manager that loads the rollup.
+- ``frames``: the report and the rollup as pandas DataFrames, and the IO manager that loads the rollup;
+- ``charts``: the report as one self-contained HTML page of SVG charts over their tables, and one day's funnels as
+  pictures for the rollup asset's metadata.
 
 Import each name from its module; this package exports nothing.
 """

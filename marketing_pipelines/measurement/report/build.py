@@ -1,7 +1,7 @@
 """``measurement_report``: one campaign's totals, daily series and funnel over a range, from the report's reads.
 
-``funnel_steps`` sizes the first-party stages of a range (the report) or of one day (the rollup asset's
-``rendering.funnel_markdown``).
+``funnel_steps`` sizes the first-party stages of a range (the report) or of one day (``day_funnels``, which the rollup
+asset's ``rendering.funnel_markdown`` and ``charts.funnel_chart_markdown`` show).
 """
 
 from __future__ import annotations
@@ -16,7 +16,15 @@ from marketing_pipelines.db.schema import measurement_rollup_day
 from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines.measurement import sketches
 from marketing_pipelines.measurement.report.model import DaySpan, FunnelStep, MeasurementReport, RangeTotal
-from marketing_pipelines.measurement.report.reads import Key, KeyRange, Sketch, range_sketches, read_days
+from marketing_pipelines.measurement.report.reads import (
+    Key,
+    KeyRange,
+    Sketch,
+    first_party_events_by_campaign,
+    first_party_rows_by_campaign,
+    range_sketches,
+    read_days,
+)
 from marketing_pipelines.measurement.rollup.daily import FIRST_PARTY
 
 
@@ -141,3 +149,28 @@ def _ratio(part: int, whole: int | None) -> float | None:
     if whole is None or whole == 0:
         return None
     return round(part / whole, 4)
+
+
+def day_funnels(conn: sa.Connection, day: date, limit: int) -> tuple[dict[str, int], dict[str, tuple[FunnelStep, ...]]]:
+    """The first-party events of each campaign on one UTC day, and the funnels of the ``limit`` campaigns with the
+    most events, in that order (ties by id).
+
+    Each funnel is ``funnel_steps`` of the day's rows: stages by unique actors, largest first; a stage with several
+    event types takes the union of their sketches (an estimate, not exact).
+    """
+    events = first_party_events_by_campaign(conn, day)
+    shown = sorted(events, key=lambda cid: (-events[cid], cid))[:limit]
+    by_campaign = first_party_rows_by_campaign(conn, day, shown)
+    funnels = {}
+    for campaign_id in shown:
+        ranges: dict[Key, KeyRange] = {}
+        unions: dict[Key, Sketch | None] = {}
+        stages: dict[str, list[Key]] = defaultdict(list)
+        for row in by_campaign[campaign_id]:
+            key = (FIRST_PARTY, row.stage, row.event_type)
+            unknown = row.unique_actors is None
+            ranges[key] = KeyRange(raw_count=row.raw_count, days=1, last_unique=row.unique_actors, unknown=unknown)
+            unions[key] = None if unknown else sketches.merge([row.actors_hll])
+            stages[row.stage].append(key)
+        funnels[campaign_id] = funnel_steps(stages, ranges, unions, None)
+    return events, funnels

@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections import defaultdict
 from dataclasses import asdict, replace
 from datetime import date
 from typing import Any
@@ -16,16 +15,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from marketing_pipelines.errors import InvalidInput
-from marketing_pipelines.measurement import sketches
-from marketing_pipelines.measurement.report.build import funnel_steps
+from marketing_pipelines.measurement.report.build import day_funnels
 from marketing_pipelines.measurement.report.model import MeasurementReport
-from marketing_pipelines.measurement.report.reads import (
-    Key,
-    KeyRange,
-    Sketch,
-    first_party_events_by_campaign,
-    first_party_rows_by_campaign,
-)
 from marketing_pipelines.measurement.rollup.daily import FIRST_PARTY
 from marketing_pipelines.redact import spreadsheet_safe, unlinkable, visible_cell, visible_controls
 
@@ -186,13 +177,10 @@ def funnel_markdown(conn: sa.Connection, day: date) -> str:
     marked ``~`` as an estimate. At most MAX_FUNNEL_CAMPAIGNS campaigns, those with the most events first;
     the rest are counted in one closing line.
     """
-    events = first_party_events_by_campaign(conn, day)
+    events, funnels = day_funnels(conn, day, MAX_FUNNEL_CAMPAIGNS)
     if not events:
         return f"No first-party rollup rows on {day} (UTC)."
-    ranked = sorted(events, key=lambda cid: (-events[cid], cid))
-    shown, rest = ranked[:MAX_FUNNEL_CAMPAIGNS], ranked[MAX_FUNNEL_CAMPAIGNS:]
-    by_campaign = first_party_rows_by_campaign(conn, day, shown)
-
+    rest = set(events) - set(funnels)
     lines = [
         f"**First-party funnel of {day} (UTC)**: {len(events)} campaigns, most events first; "
         "`~` marks unique actors estimated from HLL sketches.",
@@ -200,20 +188,11 @@ def funnel_markdown(conn: sa.Connection, day: date) -> str:
         "| campaign | stage | events | unique actors | from previous stage |",
         "|---|---|---:|---:|---:|",
     ]
-    for campaign_id in shown:
-        ranges: dict[Key, KeyRange] = {}
-        unions: dict[Key, Sketch | None] = {}
-        stages: dict[str, list[Key]] = defaultdict(list)
-        for row in by_campaign[campaign_id]:
-            key = (FIRST_PARTY, row.stage, row.event_type)
-            unknown = row.unique_actors is None
-            ranges[key] = KeyRange(raw_count=row.raw_count, days=1, last_unique=row.unique_actors, unknown=unknown)
-            unions[key] = None if unknown else sketches.merge([row.actors_hll])
-            stages[row.stage].append(key)
-        for step in funnel_steps(stages, ranges, unions, None):
+    for campaign_id, steps in funnels.items():
+        for step in steps:
             cells = [
-                _md_cell(campaign_id),
-                _md_cell(step.stage),
+                md_cell(campaign_id),
+                md_cell(step.stage),
                 str(step.raw_count),
                 format_unique(step.unique_actors, step.unique_actors_exact),
                 format_pct(step.from_previous),
@@ -228,7 +207,7 @@ def funnel_markdown(conn: sa.Connection, day: date) -> str:
 _MARKDOWN_SPECIAL = str.maketrans({c: f"\\{c}" for c in "\\|`*_[]<>#~&"})
 
 
-def _md_cell(text: str) -> str:
+def md_cell(text: str) -> str:
     # Stage and campaign names come from event files: keep them from breaking the table, adding markup or
     # becoming a link (``unlinkable``: the UI's Markdown autolinks "www.", URLs and e-mail addresses), and their
     # control characters visible (written \\xNN before the escaping, so the backslash shows too).

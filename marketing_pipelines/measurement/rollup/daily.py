@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -40,6 +40,9 @@ SOURCES_BY_NAME = {source.name: source for source in SOURCES}
 [_RELEASE_COUNTED] = SOURCES_BY_NAME[GITHUB_RELEASES].contract.counted
 SITE_STAGE, SITE_EVENT_TYPE = _SITE_COUNTED.stage, _SITE_COUNTED.event_type
 RELEASE_STAGE, RELEASE_EVENT_TYPE = _RELEASE_COUNTED.stage, _RELEASE_COUNTED.event_type
+
+# What one rollup row of each source counts, as the report's charts and the per-source metadata name it.
+SOURCE_COUNT_NOUNS = {FIRST_PARTY: "events", SITE_ANALYTICS: "pageviews", GITHUB_RELEASES: "downloads"}
 
 RowKey = tuple[str, str, str]  # campaign_id, stage, event_type
 # A day's rows shown in its materialization's metadata, at most (the largest by raw_count): the event log
@@ -164,6 +167,8 @@ class RollupSummary:
     event_types: int  # distinct event types of the day, all sources
     # The day's largest rows (at most MAX_SHOWN_COUNTS), read in the transaction that wrote them.
     counts: tuple[DayCount, ...]
+    # raw_count of the day per source that has rows (any source the rollup holds, not only the three above).
+    source_counts: dict[str, int] = field(default_factory=dict)
 
 
 @contextmanager
@@ -342,6 +347,7 @@ def _summary(day: date, written: _DayWritten, week_rows: int) -> RollupSummary:
         events=sum(int(t.raw_count) for t in totals),
         event_types=written.event_types,
         counts=written.counts,
+        source_counts={t.source: int(t.raw_count) for t in totals},
     )
 
 
