@@ -6,6 +6,7 @@ Every asset replaces exactly its partitions' days, so any partition can be re-ru
 a backfill run covers a range of days in one pass (``BackfillPolicy.multi_run``).
 """
 
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -43,8 +44,15 @@ from marketing_pipelines.measurement.importers.store import (
 )
 from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE_KEY
 from marketing_pipelines.measurement.quota import request_gate
+from marketing_pipelines.measurement.report.charts import funnel_chart_markdown
 from marketing_pipelines.measurement.report.rendering import funnel_markdown
-from marketing_pipelines.measurement.rollup.daily import MAX_SHOWN_COUNTS, RollupSummary, replace_rollup_days
+from marketing_pipelines.measurement.rollup.daily import (
+    FIRST_PARTY,
+    MAX_SHOWN_COUNTS,
+    SOURCE_COUNT_NOUNS,
+    RollupSummary,
+    replace_rollup_days,
+)
 from marketing_pipelines.measurement.sources import (
     GITHUB_RELEASES,
     METRIC_TABLE,
@@ -195,6 +203,11 @@ def failures_classified() -> Iterator[None]:
 
 def _span(days: Sequence[date]) -> str:
     return days[0].isoformat() if len(days) == 1 else f"{days[0].isoformat()}..{days[-1].isoformat()}"
+
+
+def _funnel_chart(conn: sa.Connection, day: date) -> dict[str, dg.MetadataValue]:
+    chart = funnel_chart_markdown(conn, day)
+    return {"funnel_chart": dg.MetadataValue.md(chart)} if chart else {}
 
 
 def _ints(values: Mapping[str, int]) -> dict[str, dg.MetadataValue]:
@@ -454,7 +467,9 @@ def rollup(
         for summary in summaries:
             context.add_asset_metadata(
                 {"funnel": dg.MetadataValue.md(funnel_markdown(conn, summary.day))}
+                | _funnel_chart(conn, summary.day)
                 | _counts_metadata(summary)
+                | _ints(source_metrics(summary.source_counts))
                 | _ints(
                     {
                         "rows": summary.rows,
@@ -492,6 +507,25 @@ def rollup(
         f"Rolled up {_span(days)}: {sum(s.first_party_events for s in summaries)} events into "
         f"{sum(s.rows for s in summaries)} rows."
     )
+
+
+# Sources every day's metadata names, 0 on a day without their rows: a plot's line then drops to 0 rather than
+# skipping the day. Any other source the rollup holds is named on the days it has rows.
+ALWAYS_MEASURED = (FIRST_PARTY, SITE_ANALYTICS.name, GITHUB_RELEASES.name)
+
+
+def source_metric_name(source: str) -> str:
+    """``source_first_party_events``, ``source_site_analytics_pageviews``, ``source_github_releases_downloads``;
+    ``source_<name>_count`` for any other source. Stable names: the UI's Plots tab draws one chart per numeric
+    metadata name across the asset's partitions, so each source's daily trend is one chart."""
+    slug = re.sub(r"[^a-z0-9]+", "_", source.lower()).strip("_") or "unnamed"
+    return f"source_{slug}_{SOURCE_COUNT_NOUNS.get(source, 'count')}"
+
+
+def source_metrics(source_counts: Mapping[str, int]) -> dict[str, int]:
+    """Each source's raw_count of the day under its ``source_metric_name``."""
+    sources = [*ALWAYS_MEASURED, *sorted(set(source_counts) - set(ALWAYS_MEASURED))]
+    return {source_metric_name(source): source_counts.get(source, 0) for source in sources}
 
 
 COUNTS_SCHEMA = dg.TableSchema(

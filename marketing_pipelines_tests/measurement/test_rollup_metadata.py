@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import re
+import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +17,20 @@ import pytest
 import sqlalchemy as sa
 
 from marketing_pipelines.db.engine import is_postgres
+from marketing_pipelines.db.schema import github_release_download_daily, site_analytics_daily
+from marketing_pipelines.measurement.assets import source_metric_name, source_metrics
 from marketing_pipelines.measurement.checks import FIRST_PARTY_COUNT_MATCHES, UNIQUE_ACTORS_WITHIN_RAW_COUNT
 from marketing_pipelines.measurement.events.files import load_events_file
 from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.measurement.rollup.daily import MAX_SHOWN_COUNTS
 from marketing_pipelines_tests.factories import add_campaign
-from marketing_pipelines_tests.measurement.generated import DAYS, generated_events, materialize_rollup, seed
+from marketing_pipelines_tests.measurement.generated import (
+    DAYS,
+    generated_events,
+    materialize_rollup,
+    rollup_rows_frame,
+    seed,
+)
 
 DAY = date(2026, 11, 26)
 # Event types as files may carry them, each with what the UI shows for it.
@@ -305,3 +316,100 @@ def test_the_ui_shows_a_range_runs_failing_day_on_its_partition(
         (last, last, "SUCCEEDED"),
     ]
     assert ranges[FIRST_PARTY_COUNT_MATCHES] == [(first, last, "SUCCEEDED")]
+
+
+def add_imports(engine: sa.Engine, pageviews: dict[date, int], downloads: dict[date, int]) -> None:
+    """Site pageviews and release downloads of campaign alpha (which must exist) on some days."""
+    add_campaign(engine, "alpha", utm_campaign="alpha-utm", github_repo="acme/alpha")
+    fetched = datetime.now(UTC)
+    release = {"asset_id": 1, "repo": "acme/alpha", "release_tag": "v1", "asset_name": "a.tgz", "raw_delta": 0}
+    with engine.begin() as conn:
+        conn.execute(
+            sa.insert(site_analytics_daily),
+            [
+                {
+                    "day": d,
+                    "utm_campaign": "alpha-utm",
+                    "page": "/",
+                    "visitors": 1,
+                    "pageviews": n,
+                    "fetched_at": fetched,
+                }
+                for d, n in pageviews.items()
+            ],
+        )
+        conn.execute(
+            sa.insert(github_release_download_daily),
+            [
+                {**release, "day": d, "download_count": n, "downloads": n, "baseline": False, "negative_clamped": False}
+                for d, n in downloads.items()
+            ],
+        )
+
+
+def test_each_sources_daily_total_is_a_number_the_ui_plots(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance
+) -> None:
+    seed(engine, generated_events(per_day=20))
+    pageviews, downloads = {DAYS[0]: 40, DAYS[2]: 7}, {DAYS[1]: 12}
+    add_imports(engine, pageviews, downloads)
+
+    assert materialize_rollup(db_url, instance, *DAYS).success  # a range run: one materialization per day
+
+    first_party = rollup_rows_frame(engine).groupby("day")["raw_count"].sum()
+    for day in DAYS:
+        metadata = rollup_metadata(instance, day)
+        numbers = {key: value for key, value in metadata.items() if key.startswith("source_")}
+        assert all(isinstance(value, dg.IntMetadataValue) for value in numbers.values())
+        # Every source on every day, 0 without rows: the Plots tab draws each as one line over the partitions.
+        assert {key: value.value for key, value in numbers.items()} == {
+            "source_first_party_events": int(first_party[day]),
+            "source_site_analytics_pageviews": pageviews.get(day, 0),
+            "source_github_releases_downloads": downloads.get(day, 0),
+        }
+        assert metadata["events"].value == sum(value.value for value in numbers.values())
+
+
+def test_a_source_beyond_the_three_gets_a_stable_name() -> None:
+    assert source_metric_name("crm") == "source_crm_count"
+    assert source_metric_name("CRM export/v2") == "source_crm_export_v2_count"
+    assert source_metrics({"crm": 4, "first_party": 9}) == {
+        "source_first_party_events": 9,
+        "source_site_analytics_pageviews": 0,
+        "source_github_releases_downloads": 0,
+        "source_crm_count": 4,
+    }
+
+
+SVG_PARTS = {"svg", "title", "rect", "text"}
+SVG_ATTRIBUTES = {"width", "height", "role", "font-size", "font-family", "x", "y", "fill", "text-anchor"}
+HOSTILE_STAGES = ("<script>alert(1)</script>", '"><img src=x onerror=alert(2)>', "esc\x1b[2Jape", "\u202eback")
+
+
+def test_the_funnel_picture_shows_hostile_stage_names_as_text(
+    db_url: str, engine: sa.Engine, instance: dg.DagsterInstance, tmp_path: Path
+) -> None:
+    add_campaign(engine, "alpha")
+    events = [
+        {"event_id": f"h{n}-{m}", "campaign_id": "alpha", "stage": stage, "event_type": "page_view",
+         "occurred_at": f"{DAY}T1{m}:00:00Z", "actor_id": f"a{m}"}
+        for n, stage in enumerate(HOSTILE_STAGES)
+        for m in range(n + 1)
+    ]  # fmt: skip
+    load_events_file(engine, write_jsonl(tmp_path / "events.jsonl", events))
+    assert materialize_rollup(db_url, instance, DAY).success
+
+    chart = rollup_metadata(instance, DAY)["funnel_chart"].value
+    assert isinstance(chart, str)
+    # Outside its images the Markdown holds only our words and the campaign id.
+    images = re.findall(r"!\[funnel\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", chart)
+    assert len(images) == 1 and "<" not in re.sub(r"!\[funnel\]\([^)]*\)", "", chart)
+    svg = ET.fromstring(base64.b64decode(images[0]))  # well-formed, or the UI would show a broken image
+    names = {element.tag.split("}")[-1] for element in svg.iter()}
+    assert names <= SVG_PARTS
+    assert {attribute for element in svg.iter() for attribute in element.attrib} - {"xmlns"} <= SVG_ATTRIBUTES
+    texts = [element.text or "" for element in svg.iter() if element.tag.endswith("text")]
+    shown = [stage.replace("\x1b", "\\x1b").replace("\u202e", "\\u202e") for stage in HOSTILE_STAGES]
+    # Each stage's label is its name as written, cut at 28 characters (the table beside it has it whole).
+    assert all(any(t == name or (t[-1] == "…" and name.startswith(t[:-1])) for t in texts) for name in shown)
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\u202e]", base64.b64decode(images[0]).decode())
