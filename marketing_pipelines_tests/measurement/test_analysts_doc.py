@@ -47,6 +47,7 @@ from marketing_pipelines.measurement.report.frames import (
 )
 from marketing_pipelines.settings import load_settings
 from marketing_pipelines_tests.built import measurement_assets
+from marketing_pipelines_tests.measurement.test_report_charts import Page
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ANALYSTS.md"
 FENCED = re.compile(r"^```(\w+)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -192,7 +193,9 @@ def test_python_block_with_the_real_definitions(demo: Demo, tmp_path: Path, sour
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", CLI, ids=lambda command: "csv" if "--format csv" in command else "table")
+@pytest.mark.parametrize(
+    "command", CLI, ids=lambda command: next((f for f in ("csv", "html") if f" {f}" in command), "table")
+)
 def test_cli_line(demo: Demo, command: str) -> None:
     args = shlex.split(command)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MARKETING_")}
@@ -211,6 +214,14 @@ def test_cli_line(demo: Demo, command: str) -> None:
         assert daily, "the CSV has no daily rows after the demo"
         assert {date.fromisoformat(r["day"]) for r in daily} == {d.date() for d in frame["day"]}
         assert sum(int(r["raw_count"]) for r in daily) == frame["raw_count"].sum()
+    elif "html" in args:
+        # The page without --from/--to: each source's days as the rollup holds them, in the tables under the charts.
+        frame = rollup_frame(demo.engine, campaign_id=CAMPAIGN)
+        page = Page(output)
+        assert "svg" in {tag for tag, _ in page.elements}, output
+        for source, rows in frame.groupby("source"):
+            counts = [n for _, n in page.tables[f"daily {source}"] if n != "not rolled up"]
+            assert sum(int(n) for n in counts) == rows["raw_count"].sum() > 0, source
     else:
         # The table without --from/--to: every rolled-up day of the campaign, one line per daily row.
         frame = rollup_frame(demo.engine, campaign_id=CAMPAIGN)
