@@ -33,6 +33,7 @@ TINY = {
     "table_growth.py": ["--executions", "1000", "--agent-runs", "2", "--tick-copies", "20"],
     "model_limits.py": ["--workers", "2", "--seconds", "20", "--input-limit", "5000", "--lowered", "2500"],
     "prompt_caching.py": ["--runs", "1", "--database", "sqlite"],
+    "rollup_automation.py": ["--days", "2", "--revised", "1", "--timeout", "240"],
 }
 
 
