@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from marketing_pipelines.agents.users import add_user
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.migrate import current_revision, head_revision, upgrade
+from marketing_pipelines.db.migrate import alembic_config, current_revision, head_revision, upgrade
 from marketing_pipelines.db.schema import agent_run, measurement_daily_rollup, measurement_rollup_day, metadata
 from marketing_pipelines.db.schema_version import SchemaNotReady, code_head_revision, ensure_schema_current
 from marketing_pipelines_tests.factories import add_campaign
@@ -112,3 +113,33 @@ def test_0014_records_the_days_already_rolled_up_as_built(empty_url: str) -> Non
     with engine.connect() as conn:
         built = conn.execute(sa.select(measurement_rollup_day)).all()
     assert [(d, at.astimezone(UTC), n) for d, at, n in built] == [(date(2026, 11, 1), later, 2)]
+
+
+def test_0016_lets_the_rollup_hold_rows_of_the_contracts_sources(empty_url: str) -> None:
+    engine = get_engine(empty_url)
+    upgrade(engine, "0015")
+    add_campaign(engine, "spring-launch")
+    row = {
+        "day": date(2026, 11, 1),
+        "campaign_id": "spring-launch",
+        "source": "posthog",
+        "stage": "product",
+        "event_type": "posthog_event",
+        "raw_count": 3,
+        "rolled_up_at": datetime(2026, 11, 2, 1, tzinfo=UTC),
+    }
+    # Before: a source built on the contract failed every rollup of a day it imported.
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.execute(sa.insert(measurement_daily_rollup).values(row))
+    upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(measurement_daily_rollup).values(row))
+    # Back down, the newer sources' rows go (the rollup rebuilds them) and the old check holds again.
+    config = alembic_config()
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0015")
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(measurement_daily_rollup)).scalar_one() == 0
+    with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+        conn.execute(sa.insert(measurement_daily_rollup).values(row))
