@@ -11,8 +11,8 @@ can still be read, with how long is left. Days that aged out unread are counted 
 the UI it computes the same from Dagster's record of materialized partitions.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: Dagster reads the check's ``context`` annotation as a type, and a string
+# fails the code location's load ("Cannot annotate `context` parameter with type ...").
 from collections.abc import Collection, Mapping
 from datetime import UTC, date, datetime, timedelta
 from typing import Any

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from marketing_pipelines.db import token_bucket
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import EVERY_MODEL, site_analytics_daily
+from marketing_pipelines.definitions import build_defs as build_full_defs
 from marketing_pipelines.http import ServiceError
 from marketing_pipelines.measurement.assets import checked_metric_rows
 from marketing_pipelines.measurement.freshness import build_freshness_sensor
@@ -34,6 +35,7 @@ from marketing_pipelines.measurement.sources import (
     source_named,
 )
 from marketing_pipelines.settings import load_settings
+from marketing_pipelines_tests.factories import settings_from
 from marketing_pipelines_tests.measurement.fake_services import Api, mocked_plausible
 from marketing_pipelines_tests.measurement.runs import materialize_measurement
 
@@ -280,3 +282,18 @@ def test_the_freshness_sensor_records_within_retention_from_the_instances_materi
     # The three days before yesterday are overdue; yesterday ended today, within its day of grace.
     assert retention.metadata["oldest_overdue_day"].value == (today - timedelta(days=4)).isoformat()
     assert retention.metadata["days_overdue"].value == 3
+
+
+def test_within_retention_loads_and_executes_as_from_the_ui(db_url: str) -> None:
+    # Built only for a configured source that forgets days (GitHub releases): the default definitions lack it.
+    settings = settings_from({"GITHUB_TOKEN": "ghp_test"}).model_copy(update={"database_url": db_url})
+    defs = build_full_defs(settings)
+    key = dg.AssetCheckKey(dg.AssetKey(GITHUB_RELEASES.asset), WITHIN_RETENTION)
+    check_only = dg.define_asset_job("check_only", selection=dg.AssetSelection.checks(key))
+    runnable = dg.Definitions.merge(defs, dg.Definitions(jobs=[check_only]))
+    with dg.instance_for_test() as instance:
+        result = runnable.resolve_job_def("check_only").execute_in_process(instance=instance, raise_on_error=False)
+    [evaluation] = result.get_asset_check_evaluations()
+    assert evaluation.asset_check_key == key
+    # Nothing was ever imported: yesterday is within its half-day grace or already overdue, by the hour.
+    assert evaluation.metadata["retention_days"].value == 1
