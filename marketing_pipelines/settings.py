@@ -343,6 +343,25 @@ class Settings(BaseSettings):
         description="Plausible origin; change for self-hosting.",
         json_schema_extra=SECRET,
     )
+    posthog_api_key: SecretStr | None = Field(
+        None,
+        validation_alias="POSTHOG_API_KEY",
+        description="PostHog personal API key with the Query Read scope (PostHog campaign events importer).",
+        json_schema_extra=SECRET,
+    )
+    posthog_project_id: str | None = Field(
+        None,
+        validation_alias="POSTHOG_PROJECT_ID",
+        description="PostHog project id (the number in the project's settings).",
+        json_schema_extra=SECRET,
+    )
+    posthog_host: str = Field(
+        "https://us.posthog.com",
+        validation_alias="POSTHOG_HOST",
+        description="PostHog origin: https://us.posthog.com (US Cloud), https://eu.posthog.com (EU Cloud), or a "
+        "self-hosted instance's.",
+        json_schema_extra=SECRET,
+    )
     github_token: SecretStr | None = Field(
         None,
         validation_alias="GITHUB_TOKEN",
@@ -403,13 +422,22 @@ class Settings(BaseSettings):
         # The egress policy's own parser, so the setting is refused here exactly as the policy would.
         return tuple(str(network) for network in parse_networks(value))
 
-    @field_validator("plausible_base_url", "github_api_url", "anthropic_base_url", "openai_base_url")
+    @field_validator("plausible_base_url", "posthog_host", "github_api_url", "anthropic_base_url", "openai_base_url")
     @classmethod
     def _api_root(cls, value: str) -> str:
         problem = api_root_problem(value)
         if problem:
             raise ValueError(problem)
         return value
+
+    @field_validator("posthog_project_id")
+    @classmethod
+    def _posthog_project_id(cls, value: str | None) -> str | None:
+        # It is a path segment of every request: digits only, so no value can reach another path.
+        text = (value or "").strip()
+        if text and not (text.isascii() and text.isdigit()):
+            raise ValueError("must be the project's number (digits only), as PostHog's project settings show it")
+        return text or None
 
     @field_validator("anthropic_api_key", "openai_api_key")
     @classmethod

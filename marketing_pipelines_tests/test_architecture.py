@@ -81,7 +81,7 @@ def test_the_one_private_dagster_import_is_in_one_module_and_checked_against_the
 # os.environ.get("MARKETING_..."), os.environ["MARKETING_..."], os.getenv("MARKETING_..."), setenv("MARKETING_..."),
 # and the same for the services' own variables, which are settings too (aliases of Settings fields).
 MARKETING_ENV_READ = re.compile(
-    r"""(environ(\.get)?\s*[\(\[]|getenv\(|setenv\()\s*["'](MARKETING|PLAUSIBLE|GITHUB|ANTHROPIC|OPENAI)_"""
+    r"""(environ(\.get)?\s*[\(\[]|getenv\(|setenv\()\s*["'](MARKETING|PLAUSIBLE|POSTHOG|GITHUB|ANTHROPIC|OPENAI)_"""
 )
 
 

@@ -69,6 +69,7 @@ RESOURCES = [
     "offline_model",
     "openai_model",
     "plausible",
+    "posthog",
     "rollup_frames",
     "webhook",
 ]

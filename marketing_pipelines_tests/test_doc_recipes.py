@@ -35,7 +35,9 @@ def blocks(doc: Path) -> list[tuple[int, str, str | None]]:
 
 def newcomer_environment() -> dict[str, str]:
     """A newcomer's: the installed commands on PATH, nothing of this project's configuration."""
-    kept = {k: v for k, v in os.environ.items() if not k.startswith(("MARKETING_", "DAGSTER_", "PLAUSIBLE_"))}
+    kept = {
+        k: v for k, v in os.environ.items() if not k.startswith(("MARKETING_", "DAGSTER_", "PLAUSIBLE_", "POSTHOG_"))
+    }
     for name in ("GITHUB_TOKEN", "GITHUB_API_URL", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
         kept.pop(name, None)
     return {**kept, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{kept.get('PATH', '')}"}

@@ -15,6 +15,7 @@ from marketing_pipelines.measurement.assets import (
 from marketing_pipelines.measurement.freshness import build_freshness_sensor, build_today_is_current
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
+from marketing_pipelines.measurement.importers.posthog import PostHogClient
 from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.retention import build_retention_check, sources_with_retention
@@ -27,6 +28,7 @@ from marketing_pipelines.settings import Settings, resource_from_settings
 IMPORTER_RESOURCES: dict[str, type[dg.ConfigurableResource]] = {
     "plausible": PlausibleClient,
     "github": GitHubReleasesClient,
+    "posthog": PostHogClient,
 }
 
 

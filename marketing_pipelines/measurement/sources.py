@@ -173,7 +173,32 @@ GITHUB_RELEASES = Source(
     resource_key="github",
     table="github_release_download_daily",
 )
-SOURCES = (SITE_ANALYTICS, GITHUB_RELEASES)
+POSTHOG = Source(
+    "posthog",
+    "posthog_daily",
+    ("posthog_api_key", "posthog_project_id"),
+    SourceContract(
+        # PostHog keeps events as long as the project's plan retains them (no fixed window the API states): a
+        # day outside the plan's retention answers no rows, which the importer cannot tell from a quiet day.
+        lookback_days=None,
+        # Events ingested late (SDK batches flushed after midnight, mobile clients offline) land on the day they
+        # happened: yesterday is imported again the next day.
+        revision_days=1,
+        count_kind="daily",
+        counted=(Counted("events", "product", "posthog_event"),),
+        # Unique persons of one UTC day; a person of two days is one person, so never summed.
+        range_only=("persons",),
+        # posthog.com/docs/api/queries, "Rate limits": 2,400 an hour, 240 a minute and 3 running at once per
+        # project, but "some customers ... are on an old limit of 120 queries/hour", and summaries of the API
+        # overview say 120/h too: the lower, which holds on every plan. A 429 carries Retry-After (honoured).
+        quota=Quota(120, 3600.0, concurrency=3),
+        retention_days=None,
+        match="utm_campaign",
+    ),
+    "posthog.com/docs/api/queries (creating a query, rate limits), posthog/schema HogQLQuery and HogQLQueryResponse",
+    resource_key="posthog",
+)
+SOURCES = (SITE_ANALYTICS, GITHUB_RELEASES, POSTHOG)
 
 
 def source_named(name: str) -> Source:

@@ -38,10 +38,12 @@ SITE, DOWNLOADS, ROLLUP = (
     dg.AssetKey("measurement_daily_rollup"),
 )
 UNBOUND = {
-    **{name: dg.ResourceDefinition.none_resource() for name in ("app_db", "plausible", "github")},
+    **{name: dg.ResourceDefinition.none_resource() for name in ("app_db", "plausible", "github", "posthog")},
     "rollup_frames": dg.IOManagerDefinition.hardcoded_io_manager(dg.InMemoryIOManager()),
 }
 PLAUSIBLE_ENV = {"PLAUSIBLE_API_KEY": "k", "PLAUSIBLE_SITE_ID": "example.com"}
+POSTHOG_ENV = {"POSTHOG_API_KEY": "phx_k", "POSTHOG_PROJECT_ID": "4242"}
+POSTHOG_LEFT_OUT = "posthog_daily: set POSTHOG_API_KEY and POSTHOG_PROJECT_ID"
 
 
 @pytest.mark.parametrize(
@@ -126,7 +128,7 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
         [materialization] = result.asset_materializations_for_node("measurement_daily_rollup")
         shown = materialization.metadata["sources_not_configured"].value
         assert shown == "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; " + (
-            "github_release_downloads_daily: set GITHUB_TOKEN"
+            f"github_release_downloads_daily: set GITHUB_TOKEN; {POSTHOG_LEFT_OUT}"
         )
         graph = dg.Definitions(assets=[marketing_event_asset, *assets], resources=resources).resolve_asset_graph()
         resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
@@ -137,13 +139,13 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
 @pytest.mark.parametrize(
     ("environ", "shown"),
     [
-        # The defaults (the demo's code location): both importers left out, named by what turns each on.
+        # The defaults (the demo's code location): every importer left out, named by what turns each on.
         ({}, "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; "
-         "github_release_downloads_daily: set GITHUB_TOKEN"),
-        # Only GitHub configured: Plausible alone is named.
-        ({"GITHUB_TOKEN": "t"}, "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID"),
-        # Both configured: every source is in the definitions, and an importer in them is configured.
-        ({**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t"}, "none"),
+         f"github_release_downloads_daily: set GITHUB_TOKEN; {POSTHOG_LEFT_OUT}"),
+        # Only GitHub and PostHog configured: Plausible alone is named.
+        ({"GITHUB_TOKEN": "t", **POSTHOG_ENV}, "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID"),
+        # All configured: every source is in the definitions, and an importer in them is configured.
+        ({**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t", **POSTHOG_ENV}, "none"),
     ],
 )  # fmt: skip
 def test_the_rollups_metadata_names_every_source_the_definitions_leave_out(

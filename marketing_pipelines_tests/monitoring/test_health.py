@@ -92,7 +92,13 @@ def test_without_a_given_time_the_figures_use_the_clock(engine: sa.Engine) -> No
 
 
 # No measurement source configured, whatever the environment running the tests holds ("" is unset).
-UNCONFIGURED = {"PLAUSIBLE_API_KEY": "", "PLAUSIBLE_SITE_ID": "", "GITHUB_TOKEN": ""}
+UNCONFIGURED = {
+    "PLAUSIBLE_API_KEY": "",
+    "PLAUSIBLE_SITE_ID": "",
+    "GITHUB_TOKEN": "",
+    "POSTHOG_API_KEY": "",
+    "POSTHOG_PROJECT_ID": "",
+}
 
 
 def status(db_url: str, *args: str, **environ: str) -> str:
@@ -127,14 +133,21 @@ def test_status_names_the_measurement_sources_not_configured_and_what_turns_each
     lines = status(db_url).splitlines()
     assert lines[-1] == (
         "measurement sources not configured: site_analytics (set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID), "
-        "github_releases (set GITHUB_TOKEN)"
+        "github_releases (set GITHUB_TOKEN), posthog (set POSTHOG_API_KEY and POSTHOG_PROJECT_ID)"
     )
     printed = json.loads(status(db_url, "--json", GITHUB_TOKEN="t", PLAUSIBLE_SITE_ID="example.com"))
     assert printed["measurement_sources"] == {
         "site_analytics": {"configured": False, "set": ["PLAUSIBLE_API_KEY"]},
         "github_releases": {"configured": True, "set": []},
+        "posthog": {"configured": False, "set": ["POSTHOG_API_KEY", "POSTHOG_PROJECT_ID"]},
     }
-    everything = {"GITHUB_TOKEN": "t", "PLAUSIBLE_SITE_ID": "example.com", "PLAUSIBLE_API_KEY": "k"}
+    everything = {
+        "GITHUB_TOKEN": "t",
+        "PLAUSIBLE_SITE_ID": "example.com",
+        "PLAUSIBLE_API_KEY": "k",
+        "POSTHOG_API_KEY": "phx_k",
+        "POSTHOG_PROJECT_ID": "4242",
+    }
     assert "not configured" not in status(db_url, **everything)
 
 
