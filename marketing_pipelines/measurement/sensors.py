@@ -30,7 +30,7 @@ from marketing_pipelines.measurement.events.write import ingestion_reading
 from marketing_pipelines.measurement.keys import ROLLUP_KEY
 from marketing_pipelines.measurement.rollup.daily import rollup_first_party_per_day
 from marketing_pipelines.measurement.rollup.event_days import events_per_day
-from marketing_pipelines.measurement.rollup.late import day_backlog, days_ingested_against_rollup
+from marketing_pipelines.measurement.rollup.late import day_backlog, days_ingested_against_rollup, last_rollup_build
 from marketing_pipelines.settings import Settings
 
 # ingested_at is stamped before the loader's batch commits, so a batch committing after a tick can
@@ -70,7 +70,7 @@ def changed_days(
     day's rollup was built (or with no rollup rows), and those whose last event came within
     ``settle`` before the build and whose rollup count differs from its events; kept if materialized,
     or today. Plus today whenever its rollup misses an event ingested by ``until``. ``since`` None
-    (the first tick) looks at today alone: the window would be the whole table. Days before ``first``
+    (no cursor and no day built yet) looks at today alone: the window would be the whole table. Days before ``first``
     (the first partition) are left out.
     """
     changed: dict[date, int] = {}
@@ -152,12 +152,14 @@ def build_late_events_sensor(
             return engine
         now = datetime.now(UTC)
         until = now - settle
-        # No cursor: events ingested before the sensor first ran are covered by the schedule or a backfill;
-        # scanning the whole table here could outlast the 60 s sensor timeout on a large history.
-        since = datetime.fromisoformat(context.cursor) if context.cursor else None
-        if since is not None and until <= since:
-            return dg.SkipReason(f"Nothing settled since {since.isoformat()}.")
         with engine.connect() as conn:
+            # No cursor (the first tick, or the first since the database exists: `ui` started before the demo
+            # made it): the window opens at the last rollup build, so a late event for a day built before the
+            # sensor could read the database is still seen. Events ingested before every build are in it already;
+            # scanning the whole table could outlast the 60 s sensor timeout on a large history.
+            since = datetime.fromisoformat(context.cursor) if context.cursor else last_rollup_build(conn)
+            if since is not None and until <= since:
+                return dg.SkipReason(f"Nothing settled since {since.isoformat()}.")
             days = changed_days(conn, context.instance, since, until, now.date(), first, settle)
             observed = [marketing_event_observation(ingestion_reading(conn, now))]
         cursor = until.isoformat()

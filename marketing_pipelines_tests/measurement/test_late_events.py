@@ -36,7 +36,7 @@ from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.rollup.late import day_backlog, days_ingested_against_rollup
 from marketing_pipelines.measurement.sensors import RollupRange, build_late_events_sensor, rollup_ranges
 from marketing_pipelines.settings import load_settings
-from marketing_pipelines_tests.built import DEFAULTS, measurement_assets, today_is_current
+from marketing_pipelines_tests.built import DEFAULTS, measurement_assets, today_is_current, unconfigured_importers
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.generated import materialize_rollup
 
@@ -107,6 +107,20 @@ def test_after_a_backfill_ten_ticks_request_nothing(
         cursor = result.cursor
 
 
+def test_a_late_event_ingested_before_the_sensors_first_tick_is_still_rolled_up(
+    engine: sa.Engine, db_url: str, instance: dg.DagsterInstance
+) -> None:
+    # `ui` started before the database existed: its sensor skipped until the demo created and filled it, so
+    # its first real tick comes after a late event for a day the demo had already rolled up.
+    sensor = build_late_events_sensor(DEFAULTS, settle_seconds=0)
+    seeded_week(engine, db_url, instance)
+    ingest(engine, [WEEK[3]], "late")
+    first = tick(sensor, instance, db_url, None)
+    assert spans(first) == [WEEK[3].isoformat()]
+    assert materialize_rollup(db_url, instance, WEEK[3]).success
+    assert not tick(sensor, instance, db_url, first.cursor).run_requests
+
+
 def test_one_late_event_requests_its_day_alone(engine: sa.Engine, db_url: str, instance: dg.DagsterInstance) -> None:
     sensor = build_late_events_sensor(DEFAULTS, settle_seconds=0)
     seeded_week(engine, db_url, instance)
@@ -129,6 +143,7 @@ def execute(request: dg.RunRequest, db_url: str, instance: dg.DagsterInstance) -
         jobs=[measurement_rollup_job],
         resources={
             "app_db": AppDatabase(url=db_url),
+            **unconfigured_importers(),
             "plausible": PlausibleClient(),
             "github": GitHubReleasesClient(),
             ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
@@ -378,6 +393,7 @@ def test_the_check_executes_on_its_own_as_from_the_ui_and_leaves_rollup_runs_gre
         jobs=[measurement_rollup_job, check_job],
         resources={
             "app_db": AppDatabase(url=db_url),
+            **unconfigured_importers(),
             "plausible": PlausibleClient(),
             "github": GitHubReleasesClient(),
             ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),

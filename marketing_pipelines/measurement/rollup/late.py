@@ -112,3 +112,8 @@ def day_backlog(conn: sa.Connection, day: date, until: datetime | None = None) -
         query = query.where(e.c.ingested_at <= until)
     events, oldest = conn.execute(query).one()
     return DayBacklog(day, rolled_up_at, int(events), oldest)
+
+
+def last_rollup_build(conn: sa.Connection) -> datetime | None:
+    """When the rollup last rebuilt any day (``measurement_rollup_day``), None before its first build."""
+    return conn.execute(sa.select(sa.func.max(measurement_rollup_day.c.rolled_up_at))).scalar_one_or_none()
