@@ -46,7 +46,7 @@ from marketing_pipelines.measurement.report.frames import (
     rollup_frame,
 )
 from marketing_pipelines.settings import load_settings
-from marketing_pipelines_tests.built import measurement_assets
+from marketing_pipelines_tests.built import measurement_assets, unconfigured_importers
 from marketing_pipelines_tests.measurement.test_report_charts import Page
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "ANALYSTS.md"
@@ -242,6 +242,7 @@ def test_the_three_frames_agree_after_the_demo(demo: Demo) -> None:
         report = report_frames(measurement_report(conn, CAMPAIGN, day, day))
     resources = {
         "app_db": AppDatabase(url=demo.url),
+        **unconfigured_importers(),
         "plausible": PlausibleClient(),
         "github": GitHubReleasesClient(),
         ROLLUP_IO_MANAGER: RollupFrameIOManager(url=demo.url),

@@ -14,7 +14,7 @@ from marketing_pipelines.measurement.assets import (
     measurement_daily_job,
 )
 from marketing_pipelines.measurement.defs import importer_resources
-from marketing_pipelines_tests.built import DEFAULTS, DEFS
+from marketing_pipelines_tests.built import DEFAULTS, DEFS, unconfigured_importers
 from marketing_pipelines_tests.factories import settings_from
 
 
@@ -112,6 +112,7 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
 
     resources = {
         "app_db": AppDatabase(url=db_url),
+        **unconfigured_importers(),
         "plausible": PlausibleClient(),
         "github": GitHubReleasesClient(),
         ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),

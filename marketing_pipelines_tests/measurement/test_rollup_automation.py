@@ -21,7 +21,7 @@ from marketing_pipelines.measurement.keys import ROLLUP_KEY, SITE_KEY
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.schedules import revision_requests
 from marketing_pipelines.measurement.sources import SITE_ANALYTICS
-from marketing_pipelines_tests.built import DEFS, measurement_assets
+from marketing_pipelines_tests.built import DEFS, measurement_assets, unconfigured_importers
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.fake_services import Api, mocked_plausible
 from marketing_pipelines_tests.measurement.runs import materialize_measurement
@@ -49,6 +49,7 @@ def test_a_day_imported_without_its_rollup_brings_that_day_up_to_date_and_nothin
         assets=measurement_assets,
         resources={
             "app_db": AppDatabase(url=db_url),
+            **unconfigured_importers(),
             "plausible": plausible,
             "github": GitHubReleasesClient(),
             ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
