@@ -374,6 +374,25 @@ class Settings(BaseSettings):
         description="GitHub API root; change for GitHub Enterprise.",
         json_schema_extra=SECRET,
     )
+    # The package-download importers need no key: each is off until turned on, so a fresh machine fetches nothing.
+    pypi_downloads_enabled: bool = Field(
+        False, description="Import the campaigns' pypi_package downloads from pypistats.org (no key needed)."
+    )
+    pypistats_api_url: str = Field(
+        "https://pypistats.org",
+        validation_alias="PYPISTATS_API_URL",
+        description="pypistats.org origin (PyPI downloads importer).",
+        json_schema_extra=SECRET,
+    )
+    npm_downloads_enabled: bool = Field(
+        False, description="Import the campaigns' npm_package downloads from api.npmjs.org (no key needed)."
+    )
+    npm_downloads_api_url: str = Field(
+        "https://api.npmjs.org",
+        validation_alias="NPM_DOWNLOADS_API_URL",
+        description="npm download counts API origin (npm downloads importer).",
+        json_schema_extra=SECRET,
+    )
 
     # The model providers, each read from its service's own variables. A provider without a key is
     # "not configured": the code location still loads, and a request for it is refused.
@@ -422,7 +441,15 @@ class Settings(BaseSettings):
         # The egress policy's own parser, so the setting is refused here exactly as the policy would.
         return tuple(str(network) for network in parse_networks(value))
 
-    @field_validator("plausible_base_url", "posthog_host", "github_api_url", "anthropic_base_url", "openai_base_url")
+    @field_validator(
+        "plausible_base_url",
+        "posthog_host",
+        "github_api_url",
+        "pypistats_api_url",
+        "npm_downloads_api_url",
+        "anthropic_base_url",
+        "openai_base_url",
+    )
     @classmethod
     def _api_root(cls, value: str) -> str:
         problem = api_root_problem(value)

@@ -66,10 +66,12 @@ RESOURCES = [
     "github",
     "health_settings",
     "history_retention",
+    "npm_downloads",
     "offline_model",
     "openai_model",
     "plausible",
     "posthog",
+    "pypistats",
     "rollup_frames",
     "webhook",
 ]

@@ -14,6 +14,7 @@ from marketing_pipelines.measurement.assets import (
 )
 from marketing_pipelines.measurement.freshness import build_freshness_sensor, build_today_is_current
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
+from marketing_pipelines.measurement.importers.packages import NpmDownloadsClient, PyPIStatsClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.importers.posthog import PostHogClient
 from marketing_pipelines.measurement.keys import ROLLUP_KEY
@@ -29,6 +30,8 @@ IMPORTER_RESOURCES: dict[str, type[dg.ConfigurableResource]] = {
     "plausible": PlausibleClient,
     "github": GitHubReleasesClient,
     "posthog": PostHogClient,
+    "pypistats": PyPIStatsClient,
+    "npm_downloads": NpmDownloadsClient,
 }
 
 

@@ -198,7 +198,57 @@ POSTHOG = Source(
     "posthog.com/docs/api/queries (creating a query, rate limits), posthog/schema HogQLQuery and HogQLQueryResponse",
     resource_key="posthog",
 )
-SOURCES = (SITE_ANALYTICS, GITHUB_RELEASES, POSTHOG)
+PYPI_DOWNLOADS = Source(
+    "pypi_downloads",
+    "pypi_downloads_daily",
+    ("pypi_downloads_enabled",),
+    SourceContract(
+        # "Time series data is retained only for 180 days" (pypistats.org/api, NOTES; pypistats.org/about).
+        lookback_days=180,
+        # "All download data is updated once daily": yesterday may land after the daily run, so it is read again.
+        revision_days=1,
+        count_kind="daily",
+        counted=(Counted("downloads", "package", "pypi_download"),),
+        range_only=(),
+        # pypistats.org publishes no number: "IP-based rate limiting is imposed application-wide", and its etiquette
+        # asks for one fetch per package a day from a site run "on limited resources". One request covers every day
+        # it keeps, so a day's import is one request per package; 30 a minute finishes a few dozen packages in a
+        # minute or two, one request every two seconds at worst, far below what its limiter must allow a browser.
+        quota=Quota(30, 60.0),
+        retention_days=180,
+        match="pypi_package",
+    ),
+    "pypistats.org/api (NOTES, Etiquette, Rate Limiting), pypistats.org/about",
+    resource_key="pypistats",
+)
+NPM_DOWNLOADS = Source(
+    "npm_downloads",
+    "npm_downloads_daily",
+    ("npm_downloads_enabled",),
+    SourceContract(
+        # "All other queries are limited to at most 18 months of data. The earliest date for which data will be
+        # returned is January 10, 2015" (docs/download-counts.md, Limits): 18 months bounds one query's span, not
+        # how far back a day can be read (npm/registry-issue-archive#206: older days come in shorter ranges).
+        # The importer asks at most 365 days a request, the bulk limit, below both.
+        lookback_days=None,
+        # "Once per day, soon after UTC midnight" the previous day is loaded (Data source): the daily run may
+        # come first, and a day asked too early reads 0 (npm/documentation#1366), so yesterday is read again.
+        revision_days=1,
+        count_kind="daily",
+        counted=(Counted("downloads", "package", "npm_download"),),
+        range_only=(),
+        # npm publishes no request limit for this API and answers bursts with 429. A day's import is one request
+        # per 128 unscoped packages and one per scoped package; 30 a minute keeps a backfill of 548 days for 100
+        # scoped packages (200 requests) under 7 minutes while never sending more than one request every 2 s.
+        quota=Quota(30, 60.0),
+        # Nothing is forgotten within the partitions: days back to 2015-01-10 stay readable.
+        retention_days=None,
+        match="npm_package",
+    ),
+    "github.com/npm/registry docs/download-counts.md (Data source, Ranges, Bulk Queries, Limits)",
+    resource_key="npm_downloads",
+)
+SOURCES = (SITE_ANALYTICS, GITHUB_RELEASES, POSTHOG, PYPI_DOWNLOADS, NPM_DOWNLOADS)
 
 
 def source_named(name: str) -> Source:
@@ -210,11 +260,19 @@ def source_named(name: str) -> Source:
 
 
 def _is_set(value: object) -> bool:
+    if isinstance(value, bool):
+        return value  # a source without a key is turned on by its flag
     text = value.get_secret_value() if isinstance(value, SecretStr) else value
     return isinstance(text, str) and bool(text.strip())
 
 
+def _to_set(field: str) -> str:
+    """The variable to set for ``field``, with ``=true`` for a flag."""
+    flag = Settings.model_fields[field].annotation is bool
+    return f"{env_name(field)}=true" if flag else env_name(field)
+
+
 def missing_variables(settings: Settings) -> dict[str, list[str]]:
-    """Each source that ``settings`` leaves unconfigured -> the variables still to set."""
-    missing = {s.name: [env_name(f) for f in s.settings if not _is_set(getattr(settings, f))] for s in SOURCES}
+    """Each source that ``settings`` leaves unconfigured -> the variables still to set (a flag as ``NAME=true``)."""
+    missing = {s.name: [_to_set(f) for f in s.settings if not _is_set(getattr(settings, f))] for s in SOURCES}
     return {name: names for name, names in missing.items() if names}

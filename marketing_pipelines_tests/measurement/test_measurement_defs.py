@@ -44,6 +44,11 @@ UNBOUND = {
 PLAUSIBLE_ENV = {"PLAUSIBLE_API_KEY": "k", "PLAUSIBLE_SITE_ID": "example.com"}
 POSTHOG_ENV = {"POSTHOG_API_KEY": "phx_k", "POSTHOG_PROJECT_ID": "4242"}
 POSTHOG_LEFT_OUT = "posthog_daily: set POSTHOG_API_KEY and POSTHOG_PROJECT_ID"
+# The package-download importers need no key and are off until their flags are set.
+PACKAGES_OFF = (
+    "pypi_downloads_daily: set MARKETING_PYPI_DOWNLOADS_ENABLED=true; "
+    "npm_downloads_daily: set MARKETING_NPM_DOWNLOADS_ENABLED=true"
+)
 
 
 @pytest.mark.parametrize(
@@ -129,7 +134,7 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
         [materialization] = result.asset_materializations_for_node("measurement_daily_rollup")
         shown = materialization.metadata["sources_not_configured"].value
         assert shown == "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; " + (
-            f"github_release_downloads_daily: set GITHUB_TOKEN; {POSTHOG_LEFT_OUT}"
+            f"github_release_downloads_daily: set GITHUB_TOKEN; {POSTHOG_LEFT_OUT}; {PACKAGES_OFF}"
         )
         graph = dg.Definitions(assets=[marketing_event_asset, *assets], resources=resources).resolve_asset_graph()
         resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
@@ -142,11 +147,12 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
     [
         # The defaults (the demo's code location): every importer left out, named by what turns each on.
         ({}, "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; "
-         f"github_release_downloads_daily: set GITHUB_TOKEN; {POSTHOG_LEFT_OUT}"),
-        # Only GitHub and PostHog configured: Plausible alone is named.
-        ({"GITHUB_TOKEN": "t", **POSTHOG_ENV}, "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID"),
-        # All configured: every source is in the definitions, and an importer in them is configured.
-        ({**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t", **POSTHOG_ENV}, "none"),
+         f"github_release_downloads_daily: set GITHUB_TOKEN; {POSTHOG_LEFT_OUT}; {PACKAGES_OFF}"),
+        # Only GitHub and PostHog configured: Plausible (and the package importers, off by default) are named.
+        ({"GITHUB_TOKEN": "t", **POSTHOG_ENV},
+         f"site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; {PACKAGES_OFF}"),
+        # All with keys configured: only the package importers, turned on by MARKETING_ flags, are left out.
+        ({**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t", **POSTHOG_ENV}, PACKAGES_OFF),
     ],
 )  # fmt: skip
 def test_the_rollups_metadata_names_every_source_the_definitions_leave_out(

@@ -98,6 +98,8 @@ UNCONFIGURED = {
     "GITHUB_TOKEN": "",
     "POSTHOG_API_KEY": "",
     "POSTHOG_PROJECT_ID": "",
+    "MARKETING_PYPI_DOWNLOADS_ENABLED": "",
+    "MARKETING_NPM_DOWNLOADS_ENABLED": "",
 }
 
 
@@ -133,13 +135,18 @@ def test_status_names_the_measurement_sources_not_configured_and_what_turns_each
     lines = status(db_url).splitlines()
     assert lines[-1] == (
         "measurement sources not configured: site_analytics (set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID), "
-        "github_releases (set GITHUB_TOKEN), posthog (set POSTHOG_API_KEY and POSTHOG_PROJECT_ID)"
+        "github_releases (set GITHUB_TOKEN), posthog (set POSTHOG_API_KEY and POSTHOG_PROJECT_ID), pypi_downloads "
+        "(set MARKETING_PYPI_DOWNLOADS_ENABLED=true), npm_downloads (set MARKETING_NPM_DOWNLOADS_ENABLED=true)"
     )
-    printed = json.loads(status(db_url, "--json", GITHUB_TOKEN="t", PLAUSIBLE_SITE_ID="example.com"))
+    printed = json.loads(
+        status(db_url, "--json", GITHUB_TOKEN="t", PLAUSIBLE_SITE_ID="example.com", MARKETING_NPM_DOWNLOADS_ENABLED="1")
+    )
     assert printed["measurement_sources"] == {
         "site_analytics": {"configured": False, "set": ["PLAUSIBLE_API_KEY"]},
         "github_releases": {"configured": True, "set": []},
         "posthog": {"configured": False, "set": ["POSTHOG_API_KEY", "POSTHOG_PROJECT_ID"]},
+        "pypi_downloads": {"configured": False, "set": ["MARKETING_PYPI_DOWNLOADS_ENABLED=true"]},
+        "npm_downloads": {"configured": True, "set": []},
     }
     everything = {
         "GITHUB_TOKEN": "t",
@@ -147,6 +154,8 @@ def test_status_names_the_measurement_sources_not_configured_and_what_turns_each
         "PLAUSIBLE_API_KEY": "k",
         "POSTHOG_API_KEY": "phx_k",
         "POSTHOG_PROJECT_ID": "4242",
+        "MARKETING_PYPI_DOWNLOADS_ENABLED": "true",
+        "MARKETING_NPM_DOWNLOADS_ENABLED": "true",
     }
     assert "not configured" not in status(db_url, **everything)
 
