@@ -31,7 +31,7 @@ from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.importers.store import import_repo_day
 from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE_KEY
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
-from marketing_pipelines_tests.built import DEFAULTS, measurement_assets
+from marketing_pipelines_tests.built import DEFAULTS, measurement_assets, unconfigured_importers
 from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.fake_services import (
     Api,
@@ -281,6 +281,7 @@ def run_measurement(
         instance=dg.DagsterInstance.ephemeral(),
         resources={
             "app_db": AppDatabase(url=db_url),
+            **unconfigured_importers(),
             "plausible": plausible,
             "github": github or GitHubReleasesClient(),
             ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),

@@ -21,6 +21,7 @@ from marketing_pipelines.db.schema import (
 from marketing_pipelines.measurement.checks import check_unique_actors_within_raw_count
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.keys import DOWNLOADS_KEY, ROLLUP_KEY, SITE_KEY
+from marketing_pipelines.measurement.sources import SOURCES
 from marketing_pipelines_tests.built import DEFAULTS, measurement_assets
 from marketing_pipelines_tests.measurement.fake_services import Api, mocked_github, mocked_plausible
 from marketing_pipelines_tests.measurement.generated import CAMPAIGNS, DAYS, generated_events, seed
@@ -184,7 +185,8 @@ def test_a_range_check_fails_only_the_failing_day(engine: sa.Engine, db_url: str
 
 
 def test_the_assets_backfill_in_ranges() -> None:
-    assert {asset.key for asset in measurement_assets} == set(KEYS)
+    # Every importer's asset (sources.py) and the rollup, each in ranges.
+    assert {asset.key for asset in measurement_assets} == {*KEYS, *(dg.AssetKey(s.asset) for s in SOURCES)}
     for asset in measurement_assets:
         policy = asset.backfill_policy
         assert policy is not None and policy.max_partitions_per_run == DEFAULTS.backfill_days_per_run, asset.key
