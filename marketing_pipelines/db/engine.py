@@ -40,9 +40,19 @@ def may_succeed_later(exc: BaseException) -> bool:
         return exc.transient
     if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
         return True
-    return isinstance(
-        exc, sa.exc.OperationalError | sa.exc.IntegrityError | sa.exc.TimeoutError | ConnectionError | TimeoutError
-    )
+    if isinstance(exc, sa.exc.IntegrityError):
+        # Only a duplicate key can be another writer's doing; a CHECK, NOT NULL or foreign key violation is the
+        # row's own and fails every attempt alike.
+        return is_duplicate_key(exc)
+    return isinstance(exc, sa.exc.OperationalError | sa.exc.TimeoutError | ConnectionError | TimeoutError)
+
+
+def is_duplicate_key(exc: sa.exc.IntegrityError) -> bool:
+    """A unique or primary key violation: PostgreSQL's SQLSTATE 23505, SQLite's "UNIQUE constraint failed"."""
+    code = getattr(exc.orig, "pgcode", None)
+    if code is not None:
+        return bool(code == "23505")
+    return "UNIQUE constraint failed" in str(exc.orig)
 
 
 def normalize_url(url: str) -> URL:
