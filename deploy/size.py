@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 INSTANCE = Path(__file__).resolve().parent / "dagster.yaml"
-SENSORS = 10  # sensors in marketing_pipelines.definitions; test_deploy_files.py checks the count
+SENSORS = 10  # sensors the sensor daemon evaluates (not the automation sensor); test_deploy_files.py checks it
 # A run worker's application pool holds up to 5 + 5 overflow connections (db/engine.py), which an
 # execution run's webhook threads fill when they record outcomes, and Dagster's own storage one more
 # while it writes (NullPool). The soak saw at most 11 held by one run worker.
