@@ -19,6 +19,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from marketing_pipelines.agents import users
 from marketing_pipelines.agents.catalog import AGENTS, get_agent
 from marketing_pipelines.agents.queue import Transcript, get_agent_run, request_agent_run, transcript
 from marketing_pipelines.agents.runner import (
@@ -30,7 +31,7 @@ from marketing_pipelines.agents.runner import (
     RunLimits,
     run_agent_loop,
 )
-from marketing_pipelines.db import token_bucket, users
+from marketing_pipelines.db import token_bucket
 from marketing_pipelines.db.engine import get_engine
 from marketing_pipelines.db.schema import agent_run_step, marketing_execution
 from marketing_pipelines.egress import EgressPolicy

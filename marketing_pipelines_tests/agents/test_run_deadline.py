@@ -15,11 +15,12 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
+from marketing_pipelines.agents import users
 from marketing_pipelines.agents.jobs import STATUS_CHECK_S, OutOfTime, RunClock, RunEnded
 from marketing_pipelines.agents.providers.base import MAX_ANSWER_BYTES, AnswerRefused
 from marketing_pipelines.agents.queue import get_agent_run
 from marketing_pipelines.agents.resources import AgentSettings
-from marketing_pipelines.db import token_bucket, users
+from marketing_pipelines.db import token_bucket
 from marketing_pipelines_tests.agents.fake_models import (
     ANTHROPIC_TEXT,
     Script,
