@@ -34,6 +34,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from marketing_pipelines.egress import api_root_problem, parse_networks
 from marketing_pipelines.redact import remember_secrets, remember_url_secrets
 from marketing_pipelines.sealing import KeySource, key_source
+from marketing_pipelines.service_account import ServiceAccountKeyError, key_secrets, read_service_account_key
 
 if TYPE_CHECKING:
     import dagster as dg
@@ -393,6 +394,32 @@ class Settings(BaseSettings):
         description="npm download counts API origin (npm downloads importer).",
         json_schema_extra=SECRET,
     )
+    ga4_property_id: str | None = Field(
+        None,
+        validation_alias="GA4_PROPERTY_ID",
+        description="Google Analytics 4 property ID, the number under Admin > Property details (GA4 importer).",
+        json_schema_extra=SECRET,
+    )
+    ga4_service_account_json: SecretStr | None = Field(
+        None,
+        validation_alias="GA4_SERVICE_ACCOUNT_JSON",
+        description="A Google service account's JSON key: its text, or the path of its file. The service account "
+        "must be a user (Viewer) of the GA4 property.",
+        json_schema_extra=SECRET,
+    )
+    ga4_api_url: str = Field(
+        "https://analyticsdata.googleapis.com",
+        validation_alias="GA4_API_URL",
+        description="Google Analytics Data API root.",
+        json_schema_extra=SECRET,
+    )
+    ga4_token_url: str | None = Field(
+        None,
+        validation_alias="GA4_TOKEN_URL",
+        description="A token endpoint the key's token_uri may name besides Google's "
+        "(https://oauth2.googleapis.com/token); the signed assertion is sent to no other.",
+        json_schema_extra=SECRET,
+    )
 
     # The model providers, each read from its service's own variables. A provider without a key is
     # "not configured": the code location still loads, and a request for it is refused.
@@ -447,11 +474,15 @@ class Settings(BaseSettings):
         "github_api_url",
         "pypistats_api_url",
         "npm_downloads_api_url",
+        "ga4_api_url",
+        "ga4_token_url",
         "anthropic_base_url",
         "openai_base_url",
     )
     @classmethod
-    def _api_root(cls, value: str) -> str:
+    def _api_root(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         problem = api_root_problem(value)
         if problem:
             raise ValueError(problem)
@@ -465,6 +496,31 @@ class Settings(BaseSettings):
         if text and not (text.isascii() and text.isdigit()):
             raise ValueError("must be the project's number (digits only), as PostHog's project settings show it")
         return text or None
+
+    @field_validator("ga4_property_id")
+    @classmethod
+    def _ga4_property(cls, value: str | None) -> str | None:
+        # The number alone, as the Data API's path takes it (properties/{id}:runReport); "properties/123" is accepted.
+        text = (value or "").strip().removeprefix("properties/")
+        if not text:
+            return None
+        if not (text.isascii() and text.isdigit() and len(text) <= 20):
+            raise ValueError("must be the property's number (Admin > Property details), e.g. 123456789")
+        return text
+
+    @field_validator("ga4_service_account_json")
+    @classmethod
+    def _service_account_key(cls, value: SecretStr | None) -> SecretStr | None:
+        # Read and checked at load (a file that is no service-account key stops it in one line); the problem
+        # never quotes the key (service_account.py), and _one_line shows the variable's name only.
+        text = value.get_secret_value().strip() if value is not None else ""
+        if not text:
+            return None
+        try:
+            read_service_account_key(text)
+        except ServiceAccountKeyError as exc:
+            raise ValueError(str(exc)) from None
+        return SecretStr(text)
 
     @field_validator("anthropic_api_key", "openai_api_key")
     @classmethod
@@ -598,6 +654,8 @@ def load_settings(**overrides: Any) -> Settings:
 
 # The secret setting that is a webhook: its path is its token (Slack's /services/T0/B0/<token>).
 _WEBHOOK_SETTINGS = frozenset({"alert_webhook_url"})
+# The secret settings that are a service-account key (its JSON text or its file's path).
+_KEY_SETTINGS = frozenset({"ga4_service_account_json"})
 
 
 def remember_settings_secrets(settings: Settings) -> None:
@@ -609,7 +667,10 @@ def remember_settings_secrets(settings: Settings) -> None:
         if not is_secret(name) or value is None:
             continue
         text = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
-        if "://" in text:
+        if name in _KEY_SETTINGS:
+            # A key's secret parts, not its JSON text (whose public parts recur in ordinary text) nor its path.
+            remember_secrets(*key_secrets(text))
+        elif "://" in text:
             remember_url_secrets(text, path_is_secret=name in _WEBHOOK_SETTINGS)
         else:
             remember_secrets(text, *text.split(","))

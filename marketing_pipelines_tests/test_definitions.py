@@ -63,6 +63,7 @@ RESOURCES = [
     "anthropic_model",
     "app_db",
     "execution_settings",
+    "ga4",
     "github",
     "health_settings",
     "history_retention",

@@ -187,8 +187,9 @@ def values_env(values: Mapping[str, Any], text: str) -> list[tuple[str, str]]:
 
 
 def secret_literals(text: str) -> list[str]:
-    """The variables the header's `kubectl create secret ... --from-literal=NAME=...` lines put in a Secret."""
-    return re.findall(r"--from-literal=([A-Z][A-Z0-9_]*)=", text)
+    """The variables the header's `kubectl create secret ... --from-literal=NAME=...` (or `--from-file=NAME=...`)
+    lines put in a Secret."""
+    return re.findall(r"--from-(?:literal|file)=([A-Z][A-Z0-9_]*)=", text)
 
 
 def plain_env(values: Mapping[str, Any], dockerfile_text: str) -> list[tuple[str, str]]:

@@ -13,6 +13,7 @@ from marketing_pipelines.measurement.assets import (
     observe_marketing_event,
 )
 from marketing_pipelines.measurement.freshness import build_freshness_sensor, build_today_is_current
+from marketing_pipelines.measurement.importers.ga4 import GA4Client
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.packages import NpmDownloadsClient, PyPIStatsClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
@@ -32,6 +33,7 @@ IMPORTER_RESOURCES: dict[str, type[dg.ConfigurableResource]] = {
     "posthog": PostHogClient,
     "pypistats": PyPIStatsClient,
     "npm_downloads": NpmDownloadsClient,
+    "ga4": GA4Client,
 }
 
 

@@ -248,7 +248,36 @@ NPM_DOWNLOADS = Source(
     "github.com/npm/registry docs/download-counts.md (Data source, Ranges, Bulk Queries, Limits)",
     resource_key="npm_downloads",
 )
-SOURCES = (SITE_ANALYTICS, GITHUB_RELEASES, POSTHOG, PYPI_DOWNLOADS, NPM_DOWNLOADS)
+GA4 = Source(
+    "ga4",
+    "ga4_daily",
+    ("ga4_property_id", "ga4_service_account_json"),
+    SourceContract(
+        # The Data API's reports are aggregated data, which GA4 keeps: the data-retention setting (2 or 14 months
+        # on a standard property) deletes user- and event-level data and "only affects explorations and funnel
+        # reports", not standard aggregated reports (support.google.com/analytics/answer/7667196).
+        lookback_days=None,
+        # "Data processing can take 24-48 hours. During that time, data in your reports may change."
+        # (support.google.com/analytics/answer/11198161): the two days before the last complete one are read again.
+        revision_days=2,
+        count_kind="daily",
+        counted=(Counted("sessions", "site", "ga4_session"), Counted("page_views", "site", "ga4_pageview")),
+        # totalUsers of one day and campaign: a user of two days (or campaigns) is one user, so never summed.
+        range_only=("total_users",),
+        # GA4 meters tokens, not requests: a standard property has 200,000 a day, 40,000 an hour and 10 concurrent
+        # requests, and "most requests consume fewer than 10 tokens" (a range of many days and campaigns costs
+        # more). 500 requests an hour at 10 tokens is 5,000 an hour (an eighth of the hourly quota) and, kept up
+        # all day, 120,000 a day (three fifths of the daily one), leaving the rest to the property's other users
+        # (dashboards, other tools). One request reads a run's whole range, so a year's backfill is a handful.
+        quota=Quota(500, 3600.0, concurrency=10),
+        retention_days=None,
+        match="utm_campaign",
+    ),
+    "developers.google.com/analytics/devguides/reporting/data/v1/quotas (PropertyQuota), "
+    "support.google.com/analytics/answer/7667196, support.google.com/analytics/answer/11198161",
+    resource_key="ga4",
+)
+SOURCES = (SITE_ANALYTICS, GITHUB_RELEASES, GA4, POSTHOG, PYPI_DOWNLOADS, NPM_DOWNLOADS)
 
 
 def source_named(name: str) -> Source:

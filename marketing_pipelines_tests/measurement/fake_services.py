@@ -1,26 +1,37 @@
 """Fakes of the measurement importers' HTTP services for tests: ``Api`` answers every request with a handler
-through httpx.MockTransport and keeps the requests, ``mocked_plausible``, ``mocked_github``, ``mocked_pypistats``
-and ``mocked_npm`` are the real clients sending to it (without sleeping between retries), ``github_asset`` and
-``github_release`` build GitHub's release payloads as its REST API returns them, and ``PyPIStatsFake`` and
-``NpmDownloadsFake`` answer from a table of downloads as pypistats.org and api.npmjs.org do (recorded/).
+through httpx.MockTransport and keeps the requests, ``mocked_plausible``, ``mocked_github``, ``mocked_pypistats``,
+``mocked_npm`` and ``mocked_ga4`` are the real clients sending to it (without sleeping between retries),
+``github_asset`` and ``github_release`` build GitHub's release payloads as its REST API returns them,
+``PyPIStatsFake`` and ``NpmDownloadsFake`` answer from a table of downloads as pypistats.org and api.npmjs.org do
+(recorded/), and ``FakeGoogle`` is Google's token endpoint (it verifies each assertion's signature with the public
+key of a key pair the test made, ``service_account_key``) and the GA4 Data API's runReport.
 """
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import functools
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import date, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import httpx
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from marketing_pipelines.measurement.importers.base import RequestGate, hooks
+from marketing_pipelines.measurement.importers.ga4 import GA4Client
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.packages import NpmDownloadsClient, PyPIStatsClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
+from marketing_pipelines.service_account import GOOGLE_TOKEN_URL
 
 RECORDED = Path(__file__).parent / "recorded"
 # Downloads per package and day.
@@ -217,3 +228,175 @@ class NpmDownloadsFake:
             "end": end.isoformat(),
             "package": package,
         }
+
+
+# ---- Google: a service account, its token endpoint and the GA4 Data API -----------------------------------------
+
+GA4_PROPERTY = "123456789"
+GA4_REPORT_URL = f"https://analyticsdata.googleapis.com/v1beta/properties/{GA4_PROPERTY}:runReport"
+CLIENT_EMAIL = "importer@marketing-test.iam.gserviceaccount.com"
+GA4_SCOPE = "https://www.googleapis.com/auth/analytics.readonly"
+
+
+@functools.cache
+def rsa_key(name: str = "service account") -> rsa.RSAPrivateKey:
+    """A 2048-bit RSA key pair per ``name``, made once per test process (a second name is a different key)."""
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def private_pem(key: rsa.RSAPrivateKey) -> str:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode("ascii")
+
+
+def service_account_key(
+    key: rsa.RSAPrivateKey | None = None, token_uri: str = GOOGLE_TOKEN_URL, **fields: Any
+) -> dict[str, Any]:
+    """A service-account key as the Cloud console's JSON download holds it, for the test's own key pair."""
+    return {
+        "type": "service_account",
+        "project_id": "marketing-test",
+        "private_key_id": "0f3c5a7e9b1d2f4a6c8e0b2d4f6a8c0e2b4d6f8a",
+        "private_key": private_pem(key or rsa_key()),
+        "client_email": CLIENT_EMAIL,
+        "client_id": "104217654321098765432",
+        "auth_uri": "https://accounts.google.com/o/oauth2/auth",
+        "token_uri": token_uri,
+        "auth_provider_x509_cert_url": "https://www.googleapis.com/oauth2/v1/certs",
+        "client_x509_cert_url": f"https://www.googleapis.com/robot/v1/metadata/x509/{CLIENT_EMAIL}",
+        "universe_domain": "googleapis.com",
+        **fields,
+    }
+
+
+def _b64url_decode(part: str) -> bytes:
+    return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+
+def verified_claims(assertion: str, public_key: rsa.RSAPublicKey) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The assertion's JWT header and claims, after its RS256 signature was verified; InvalidSignature otherwise."""
+    header, claims, signature = assertion.split(".")
+    public_key.verify(
+        _b64url_decode(signature), f"{header}.{claims}".encode("ascii"), padding.PKCS1v15(), hashes.SHA256()
+    )
+    return json.loads(_b64url_decode(header)), json.loads(_b64url_decode(claims))
+
+
+def google_error(code: int, status: str, message: str) -> httpx.Response:
+    return httpx.Response(code, json={"error": {"code": code, "message": message, "status": status}})
+
+
+def ga4_report(
+    rows: Sequence[tuple[dt.date, str, int, int, int]], row_count: int | None = None, **extra: Any
+) -> dict[str, Any]:
+    """A runReport answer: rows of (day, campaign, sessions, screenPageViews, totalUsers), as the Data API writes
+    them (every value a string, the date YYYYMMDD, a zero rowCount and no rows left out as proto3 JSON does)."""
+    answer: dict[str, Any] = {
+        "dimensionHeaders": [{"name": "date"}, {"name": "sessionCampaignName"}],
+        "metricHeaders": [
+            {"name": "sessions", "type": "TYPE_INTEGER"},
+            {"name": "screenPageViews", "type": "TYPE_INTEGER"},
+            {"name": "totalUsers", "type": "TYPE_INTEGER"},
+        ],
+        "metadata": {"currencyCode": "USD", "timeZone": "Etc/UTC"},
+        "propertyQuota": {
+            "tokensPerDay": {"consumed": 12, "remaining": 199_988},
+            "tokensPerHour": {"consumed": 12, "remaining": 39_988},
+            "concurrentRequests": {"remaining": 10},
+            "serverErrorsPerProjectPerHour": {"remaining": 10},
+            "potentiallyThresholdedRequestsPerHour": {"remaining": 120},
+            "tokensPerProjectPerHour": {"consumed": 12, "remaining": 13_988},
+        },
+        "kind": "analyticsData#runReport",
+        **extra,
+    }
+    if rows:
+        answer["rows"] = [
+            {
+                "dimensionValues": [{"value": day.strftime("%Y%m%d")}, {"value": campaign}],
+                "metricValues": [{"value": str(sessions)}, {"value": str(views)}, {"value": str(users)}],
+            }
+            for day, campaign, sessions, views, users in rows
+        ]
+    count = len(rows) if row_count is None else row_count
+    if count:
+        answer["rowCount"] = count
+    return answer
+
+
+class FakeGoogle:
+    """Google's token endpoint and the GA4 Data API's runReport, as one MockTransport handler.
+
+    The token endpoint checks the form (grant type, one assertion), verifies the assertion's RS256 signature with
+    ``public_key`` and its claims (issuer, scope, audience, an hour's life) and answers a new access token each
+    time. runReport accepts only a token it issued and answers ``report(body)`` (a handler's own Response as is).
+    """
+
+    def __init__(
+        self,
+        report: Callable[[dict[str, Any]], dict[str, Any] | httpx.Response],
+        *,
+        public_key: rsa.RSAPublicKey | None = None,
+        token_url: str = GOOGLE_TOKEN_URL,
+        token: Callable[[int], httpx.Response] | None = None,
+        expires_in: int = 3599,
+    ) -> None:
+        self.report, self.token = report, token
+        self.public_key = public_key or rsa_key().public_key()
+        self.token_url, self.expires_in = token_url, expires_in
+        self.issued: list[str] = []
+        self.assertions: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        self.reports: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if str(request.url) == self.token_url:
+            return self.token_answer(request)
+        if request.url.path.endswith(":runReport"):
+            bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
+            if bearer not in self.issued:
+                return google_error(401, "UNAUTHENTICATED", "Request had invalid authentication credentials.")
+            body = json.loads(request.content)
+            self.reports.append(body)
+            answer = self.report(body)
+            return answer if isinstance(answer, httpx.Response) else httpx.Response(200, json=answer)
+        return httpx.Response(404, text="not found")
+
+    def token_answer(self, request: httpx.Request) -> httpx.Response:
+        assert request.headers["content-type"] == "application/x-www-form-urlencoded"
+        form = parse_qs(request.content.decode("ascii"), strict_parsing=True)
+        assert form["grant_type"] == ["urn:ietf:params:oauth:grant-type:jwt-bearer"], form
+        [assertion] = form["assertion"]
+        try:
+            header, claims = verified_claims(assertion, self.public_key)
+        except InvalidSignature:
+            return httpx.Response(400, json={"error": "invalid_grant", "error_description": "Invalid JWT Signature."})
+        self.assertions.append((header, claims))
+        assert header["alg"] == "RS256" and header["typ"] == "JWT"
+        assert claims["iss"] == CLIENT_EMAIL and claims["scope"] == GA4_SCOPE, claims
+        assert claims["aud"] == self.token_url and claims["exp"] - claims["iat"] == 3600, claims
+        if self.token is not None:
+            return self.token(len(self.assertions))
+        issued = f"ya29.test-access-token-{len(self.issued) + 1:04d}-AbCdEfGhIjKlMnOpQrStUvWxYz"
+        self.issued.append(issued)
+        return httpx.Response(200, json={"access_token": issued, "expires_in": self.expires_in, "token_type": "Bearer"})
+
+
+def mocked_ga4(api: Api, now: Callable[[], float] | None = None, **fields: Any) -> GA4Client:
+    """The GA4 client sending to ``api``, its key the test's (``service_account_key``), its clock ``now`` if given."""
+
+    class MockedGA4(GA4Client):
+        def _client(self, gate: RequestGate | None = None) -> httpx.Client:
+            return httpx.Client(
+                base_url=self.api_url, timeout=self.timeout_s, event_hooks=hooks(gate), transport=api.transport()
+            )
+
+        def _sleep(self, seconds: float) -> None:
+            pass
+
+        def _now(self) -> float:
+            return now() if now is not None else super()._now()
+
+    return MockedGA4(
+        **{"property_id": GA4_PROPERTY, "service_account_json": json.dumps(service_account_key()), **fields}
+    )

@@ -10,11 +10,8 @@ import dagster as dg
 
 from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.measurement.assets import RANGE_END_TAG, RANGE_START_TAG, ROLLUP_IO_MANAGER
-from marketing_pipelines.measurement.defs import IMPORTER_RESOURCES
-from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
-from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
-from marketing_pipelines_tests.built import measurement_assets
+from marketing_pipelines_tests.built import measurement_assets, unconfigured_importers
 
 
 def materialize_measurement(
@@ -47,10 +44,8 @@ def materialize_measurement(
         instance=instance or dg.DagsterInstance.ephemeral(),
         resources={
             "app_db": AppDatabase(url=db_url),
-            "plausible": PlausibleClient(),
-            "github": GitHubReleasesClient(),
-            # Every other importer of the definitions, unconfigured unless the test gives it.
-            **{key: cls() for key, cls in IMPORTER_RESOURCES.items()},
+            # Every importer of the definitions, unconfigured unless the test gives it.
+            **unconfigured_importers(),
             **clients,
             ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
         },

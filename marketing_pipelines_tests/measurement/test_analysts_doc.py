@@ -36,8 +36,6 @@ from marketing_pipelines.db.resources import AppDatabase
 from marketing_pipelines.db.schema import metadata
 from marketing_pipelines.demo import run_demo
 from marketing_pipelines.measurement.assets import ROLLUP_IO_MANAGER
-from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
-from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.report.build import measurement_report
 from marketing_pipelines.measurement.report.frames import (
     ReportFrames,
@@ -243,8 +241,6 @@ def test_the_three_frames_agree_after_the_demo(demo: Demo) -> None:
     resources = {
         "app_db": AppDatabase(url=demo.url),
         **unconfigured_importers(),
-        "plausible": PlausibleClient(),
-        "github": GitHubReleasesClient(),
         ROLLUP_IO_MANAGER: RollupFrameIOManager(url=demo.url),
     }
     defs = dg.Definitions(assets=measurement_assets, resources=resources)

@@ -29,8 +29,6 @@ from marketing_pipelines.measurement.freshness import (
     today_freshness,
     warn_after,
 )
-from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
-from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.keys import TODAY_IS_CURRENT_KEY
 from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 from marketing_pipelines.measurement.rollup.late import day_backlog, days_ingested_against_rollup
@@ -144,8 +142,6 @@ def execute(request: dg.RunRequest, db_url: str, instance: dg.DagsterInstance) -
         resources={
             "app_db": AppDatabase(url=db_url),
             **unconfigured_importers(),
-            "plausible": PlausibleClient(),
-            "github": GitHubReleasesClient(),
             ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
         },
     )
@@ -394,8 +390,6 @@ def test_the_check_executes_on_its_own_as_from_the_ui_and_leaves_rollup_runs_gre
         resources={
             "app_db": AppDatabase(url=db_url),
             **unconfigured_importers(),
-            "plausible": PlausibleClient(),
-            "github": GitHubReleasesClient(),
             ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
         },
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import dagster as dg
@@ -13,9 +14,10 @@ from marketing_pipelines.measurement.assets import (
     marketing_event_asset,
     measurement_daily_job,
 )
-from marketing_pipelines.measurement.defs import importer_resources
+from marketing_pipelines.measurement.defs import IMPORTER_RESOURCES, importer_resources
 from marketing_pipelines_tests.built import DEFAULTS, DEFS, unconfigured_importers
 from marketing_pipelines_tests.factories import settings_from
+from marketing_pipelines_tests.measurement.fake_services import GA4_PROPERTY, service_account_key
 
 
 def test_measurement_keys_are_defined() -> None:
@@ -38,12 +40,14 @@ SITE, DOWNLOADS, ROLLUP = (
     dg.AssetKey("measurement_daily_rollup"),
 )
 UNBOUND = {
-    **{name: dg.ResourceDefinition.none_resource() for name in ("app_db", "plausible", "github", "posthog")},
+    **{name: dg.ResourceDefinition.none_resource() for name in ("app_db", *IMPORTER_RESOURCES)},
     "rollup_frames": dg.IOManagerDefinition.hardcoded_io_manager(dg.InMemoryIOManager()),
 }
 PLAUSIBLE_ENV = {"PLAUSIBLE_API_KEY": "k", "PLAUSIBLE_SITE_ID": "example.com"}
 POSTHOG_ENV = {"POSTHOG_API_KEY": "phx_k", "POSTHOG_PROJECT_ID": "4242"}
 POSTHOG_LEFT_OUT = "posthog_daily: set POSTHOG_API_KEY and POSTHOG_PROJECT_ID"
+GA4_ENV = {"GA4_PROPERTY_ID": GA4_PROPERTY, "GA4_SERVICE_ACCOUNT_JSON": json.dumps(service_account_key())}
+GA4_LEFT_OUT = "ga4_daily: set GA4_PROPERTY_ID and GA4_SERVICE_ACCOUNT_JSON"
 # The package-download importers need no key and are off until their flags are set.
 PACKAGES_OFF = (
     "pypi_downloads_daily: set MARKETING_PYPI_DOWNLOADS_ENABLED=true; "
@@ -111,15 +115,11 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
 
     from marketing_pipelines.db.resources import AppDatabase
     from marketing_pipelines.measurement.assets import ROLLUP_IO_MANAGER
-    from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
-    from marketing_pipelines.measurement.importers.plausible import PlausibleClient
     from marketing_pipelines.measurement.report.frames import RollupFrameIOManager
 
     resources = {
         "app_db": AppDatabase(url=db_url),
         **unconfigured_importers(),
-        "plausible": PlausibleClient(),
-        "github": GitHubReleasesClient(),
         ROLLUP_IO_MANAGER: RollupFrameIOManager(url=db_url),
     }
     day = "2026-11-20"
@@ -134,7 +134,7 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
         [materialization] = result.asset_materializations_for_node("measurement_daily_rollup")
         shown = materialization.metadata["sources_not_configured"].value
         assert shown == "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; " + (
-            f"github_release_downloads_daily: set GITHUB_TOKEN; {POSTHOG_LEFT_OUT}; {PACKAGES_OFF}"
+            f"github_release_downloads_daily: set GITHUB_TOKEN; {GA4_LEFT_OUT}; {POSTHOG_LEFT_OUT}; {PACKAGES_OFF}"
         )
         graph = dg.Definitions(assets=[marketing_event_asset, *assets], resources=resources).resolve_asset_graph()
         resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
@@ -147,12 +147,12 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
     [
         # The defaults (the demo's code location): every importer left out, named by what turns each on.
         ({}, "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; "
-         f"github_release_downloads_daily: set GITHUB_TOKEN; {POSTHOG_LEFT_OUT}; {PACKAGES_OFF}"),
-        # Only GitHub and PostHog configured: Plausible (and the package importers, off by default) are named.
-        ({"GITHUB_TOKEN": "t", **POSTHOG_ENV},
+         f"github_release_downloads_daily: set GITHUB_TOKEN; {GA4_LEFT_OUT}; {POSTHOG_LEFT_OUT}; {PACKAGES_OFF}"),
+        # Only GitHub, GA4 and PostHog configured: Plausible (and the package importers, off by default) are named.
+        ({"GITHUB_TOKEN": "t", **GA4_ENV, **POSTHOG_ENV},
          f"site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; {PACKAGES_OFF}"),
         # All with keys configured: only the package importers, turned on by MARKETING_ flags, are left out.
-        ({**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t", **POSTHOG_ENV}, PACKAGES_OFF),
+        ({**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t", **GA4_ENV, **POSTHOG_ENV}, PACKAGES_OFF),
     ],
 )  # fmt: skip
 def test_the_rollups_metadata_names_every_source_the_definitions_leave_out(

@@ -20,6 +20,7 @@ from marketing_pipelines.http import ServiceError
 from marketing_pipelines.measurement.assets import checked_metric_rows
 from marketing_pipelines.measurement.freshness import build_freshness_sensor
 from marketing_pipelines.measurement.importers.base import Importer, MetricRow, QuotaExhausted
+from marketing_pipelines.measurement.importers.ga4 import GA4Client
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.keys import SITE_KEY
@@ -27,6 +28,7 @@ from marketing_pipelines.measurement.quota import ensure_quota, request_gate
 from marketing_pipelines.measurement.retention import WITHIN_RETENTION, retention_fields
 from marketing_pipelines.measurement.schedules import build_measurement_daily_schedule, revision_requests
 from marketing_pipelines.measurement.sources import (
+    GA4,
     GITHUB_RELEASES,
     SITE_ANALYTICS,
     SOURCES,
@@ -44,7 +46,8 @@ TODAY = NOW.date()
 
 
 @pytest.mark.parametrize(
-    ("client", "source"), [(PlausibleClient, SITE_ANALYTICS), (GitHubReleasesClient, GITHUB_RELEASES)]
+    ("client", "source"),
+    [(PlausibleClient, SITE_ANALYTICS), (GitHubReleasesClient, GITHUB_RELEASES), (GA4Client, GA4)],
 )
 def test_every_importer_declares_its_sources_contract(client: type[Importer], source: object) -> None:
     assert isinstance(client(), Importer)

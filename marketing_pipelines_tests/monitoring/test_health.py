@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from marketing_pipelines.cli import main
 from marketing_pipelines.cli.status import age_text
 from marketing_pipelines.monitoring.health import AgentRunsHealth, ExecutionsHealth, queue_health
+from marketing_pipelines_tests.measurement.fake_services import service_account_key
 from marketing_pipelines_tests.monitoring.rows import add_agent_run, add_execution, prepare
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -96,6 +97,8 @@ UNCONFIGURED = {
     "PLAUSIBLE_API_KEY": "",
     "PLAUSIBLE_SITE_ID": "",
     "GITHUB_TOKEN": "",
+    "GA4_PROPERTY_ID": "",
+    "GA4_SERVICE_ACCOUNT_JSON": "",
     "POSTHOG_API_KEY": "",
     "POSTHOG_PROJECT_ID": "",
     "MARKETING_PYPI_DOWNLOADS_ENABLED": "",
@@ -135,8 +138,9 @@ def test_status_names_the_measurement_sources_not_configured_and_what_turns_each
     lines = status(db_url).splitlines()
     assert lines[-1] == (
         "measurement sources not configured: site_analytics (set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID), "
-        "github_releases (set GITHUB_TOKEN), posthog (set POSTHOG_API_KEY and POSTHOG_PROJECT_ID), pypi_downloads "
-        "(set MARKETING_PYPI_DOWNLOADS_ENABLED=true), npm_downloads (set MARKETING_NPM_DOWNLOADS_ENABLED=true)"
+        "github_releases (set GITHUB_TOKEN), ga4 (set GA4_PROPERTY_ID and GA4_SERVICE_ACCOUNT_JSON), posthog (set "
+        "POSTHOG_API_KEY and POSTHOG_PROJECT_ID), pypi_downloads (set MARKETING_PYPI_DOWNLOADS_ENABLED=true), "
+        "npm_downloads (set MARKETING_NPM_DOWNLOADS_ENABLED=true)"
     )
     printed = json.loads(
         status(db_url, "--json", GITHUB_TOKEN="t", PLAUSIBLE_SITE_ID="example.com", MARKETING_NPM_DOWNLOADS_ENABLED="1")
@@ -144,6 +148,7 @@ def test_status_names_the_measurement_sources_not_configured_and_what_turns_each
     assert printed["measurement_sources"] == {
         "site_analytics": {"configured": False, "set": ["PLAUSIBLE_API_KEY"]},
         "github_releases": {"configured": True, "set": []},
+        "ga4": {"configured": False, "set": ["GA4_PROPERTY_ID", "GA4_SERVICE_ACCOUNT_JSON"]},
         "posthog": {"configured": False, "set": ["POSTHOG_API_KEY", "POSTHOG_PROJECT_ID"]},
         "pypi_downloads": {"configured": False, "set": ["MARKETING_PYPI_DOWNLOADS_ENABLED=true"]},
         "npm_downloads": {"configured": True, "set": []},
@@ -156,6 +161,8 @@ def test_status_names_the_measurement_sources_not_configured_and_what_turns_each
         "POSTHOG_PROJECT_ID": "4242",
         "MARKETING_PYPI_DOWNLOADS_ENABLED": "true",
         "MARKETING_NPM_DOWNLOADS_ENABLED": "true",
+        "GA4_PROPERTY_ID": "123456789",
+        "GA4_SERVICE_ACCOUNT_JSON": json.dumps(service_account_key()),
     }
     assert "not configured" not in status(db_url, **everything)
 
