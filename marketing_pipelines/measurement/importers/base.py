@@ -84,6 +84,19 @@ class MetricImporter(Importer, Protocol):
         ...
 
 
+def error_field(response: httpx.Response, field: str, limit: int = 300) -> str:
+    """The service's own words for an error: its JSON body's ``field`` when that is text (Plausible's and npm's
+    ``error``, GitHub's ``message``, PostHog's ``detail``), else the start of the body (a proxy's HTML page)."""
+    try:
+        check_text_depth(response.text, MAX_ENVELOPE_DEPTH)  # response.json() would recurse past the stack
+        payload = response.json()
+    except ValueError:
+        return response.text[:limit].strip()
+    if isinstance(payload, dict) and isinstance(payload.get(field), str):
+        return payload[field][:limit]
+    return response.text[:limit].strip()
+
+
 def response_json(service: str, response: httpx.Response) -> Any:
     """The response body as JSON, or a ServiceError saying it was not valid JSON (never a bare JSONDecodeError)."""
     try:

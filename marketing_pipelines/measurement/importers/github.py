@@ -21,11 +21,10 @@ from marketing_pipelines.http import (
     is_rate_limited,
     send_with_retries,
 )
-from marketing_pipelines.measurement.importers.base import RequestGate, hooks, response_json
+from marketing_pipelines.measurement.importers.base import RequestGate, error_field, hooks, response_json
 from marketing_pipelines.measurement.sources import GITHUB_RELEASES, SourceContract
 from marketing_pipelines.redact import redact_url
 from marketing_pipelines.settings import env_name, setting_field, shown_in_ui
-from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 SERVICE = "github"
 TOKEN_ENV = env_name("github_token")
@@ -48,7 +47,7 @@ def is_github_rate_limited(response: httpx.Response) -> bool:
         return True
     if response.status_code != 403:
         return False
-    return any(phrase in _error_message(response).lower() for phrase in _SECONDARY_LIMIT_MESSAGES)
+    return any(phrase in error_field(response, "message").lower() for phrase in _SECONDARY_LIMIT_MESSAGES)
 
 
 # GitHub's rule: wait Retry-After seconds; else, with x-ratelimit-remaining 0, until x-ratelimit-reset; else at
@@ -277,18 +276,6 @@ def _within_api(url: httpx.URL, base_url: httpx.URL) -> bool:
         and (url.path + "/").startswith(base_path)
         and "/../" not in url.path + "/"
     )
-
-
-def _error_message(response: httpx.Response) -> str:
-    """GitHub's ``message`` field, or the start of the body when it is not the usual JSON error."""
-    try:
-        check_text_depth(response.text, MAX_ENVELOPE_DEPTH)  # response.json() would recurse past the stack
-        payload = response.json()
-    except ValueError:
-        return response.text[:300]
-    if isinstance(payload, dict) and isinstance(payload.get("message"), str):
-        return payload["message"]
-    return response.text[:300]
 
 
 def _parse_releases(repo: str, payload: Any) -> list[ReleaseAssetSnapshot]:

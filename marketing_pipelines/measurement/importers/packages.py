@@ -29,12 +29,12 @@ from marketing_pipelines.measurement.importers.base import (
     ImporterNotConfigured,
     MetricRow,
     RequestGate,
+    error_field,
     hooks,
     response_json,
 )
 from marketing_pipelines.measurement.sources import NPM_DOWNLOADS, PYPI_DOWNLOADS, SourceContract
 from marketing_pipelines.settings import env_name, setting_field, shown_in_ui
-from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 DOWNLOADS = "downloads"
 # A package's downloads in one day; the most downloaded npm packages see about 10**8. Larger is a corrupt answer.
@@ -69,18 +69,6 @@ def _count_problem(value: Any) -> str | None:
 def _refuse(service: str, what: str, problems: Sequence[str]) -> ServiceError:
     more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
     return ServiceError(service, f"unexpected answer for {what}: {'; '.join(problems[:SHOWN_PROBLEMS])}{more}")
-
-
-def _error_field(response: httpx.Response) -> str:
-    """The service's ``error`` field (npm answers ``{"error": "..."}``), or the start of the body."""
-    try:
-        check_text_depth(response.text, MAX_ENVELOPE_DEPTH)  # response.json() would recurse past the stack
-        payload = response.json()
-    except ValueError:
-        return response.text[:200].strip()
-    if isinstance(payload, dict) and isinstance(payload.get("error"), str):
-        return payload["error"][:200]
-    return response.text[:200].strip()
 
 
 def _days(first: dt.date, last: dt.date) -> dict[dt.date, list[MetricRow]]:
@@ -334,7 +322,7 @@ class NpmDownloadsClient(dg.ConfigurableResource):
         # The path as the docs write it, a scoped name's slash included (/downloads/point/last-month/@slack/client).
         request = client.build_request("GET", f"/downloads/range/{first}:{last}/{','.join(packages)}")
         response = send_with_retries(client, request, service=NPM, policy=PACKAGES_HTTP_RETRY, sleep=self._sleep)
-        said = _error_field(response) if not response.is_success else ""
+        said = error_field(response, "error", 200) if not response.is_success else ""
         if response.status_code == 404 and len(packages) == 1 and _NOT_FOUND.fullmatch(said):
             _unknown(NPM, packages[0], "npm_package", said)
             return {}

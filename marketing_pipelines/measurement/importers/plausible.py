@@ -23,12 +23,12 @@ from marketing_pipelines.measurement.importers.base import (
     ImporterNotConfigured,
     QuotaExhausted,
     RequestGate,
+    error_field,
     hooks,
     response_json,
 )
 from marketing_pipelines.measurement.sources import SITE_ANALYTICS, SourceContract
 from marketing_pipelines.settings import env_name, setting_field, shown_in_ui
-from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 SERVICE = "plausible"
 API_KEY_ENV, SITE_ID_ENV = env_name("plausible_api_key"), env_name("plausible_site_id")
@@ -155,7 +155,7 @@ class PlausibleClient(dg.ConfigurableResource):
                 SERVICE, response, credential_hint=f"{API_KEY_ENV} (a Stats API key that can read {SITE_ID_ENV})"
             )
         if response.status_code == 400:
-            raise ServiceError(SERVICE, f"query rejected (HTTP 400): {_error_field(response)}", 400)
+            raise ServiceError(SERVICE, f"query rejected (HTTP 400): {error_field(response, 'error')}", 400)
         if not response.is_success:
             raise describe_error_response(SERVICE, response)
         payload = response_json(SERVICE, response)
@@ -163,17 +163,6 @@ class PlausibleClient(dg.ConfigurableResource):
         if not isinstance(results, list):
             raise ServiceError(SERVICE, f"response has no 'results' list: {response.text[:300]}", response.status_code)
         return results
-
-
-def _error_field(response: httpx.Response) -> str:
-    try:
-        check_text_depth(response.text, MAX_ENVELOPE_DEPTH)  # response.json() would recurse past the stack
-        payload = response.json()
-    except ValueError:
-        return response.text[:300].strip()
-    if isinstance(payload, dict) and "error" in payload:
-        return str(payload["error"])
-    return response.text[:300].strip()
 
 
 def _parse_row(item: Any, first: dt.date, last: dt.date) -> SiteAnalyticsRow:

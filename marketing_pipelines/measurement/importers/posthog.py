@@ -24,12 +24,12 @@ from marketing_pipelines.measurement.importers.base import (
     MetricRow,
     QuotaExhausted,
     RequestGate,
+    error_field,
     hooks,
     response_json,
 )
 from marketing_pipelines.measurement.sources import POSTHOG, SourceContract
 from marketing_pipelines.settings import env_name, setting_field, shown_in_ui
-from marketing_pipelines.strict_json import MAX_ENVELOPE_DEPTH, check_text_depth
 
 SERVICE = "posthog"
 API_KEY_ENV, PROJECT_ID_ENV = env_name("posthog_api_key"), env_name("posthog_project_id")
@@ -163,11 +163,11 @@ class PostHogClient(dg.ConfigurableResource):
             raise ServiceError(
                 SERVICE,
                 f"project not found (HTTP 404): check {PROJECT_ID_ENV} and {HOST_ENV} (US and EU Cloud are separate "
-                "hosts): " + _detail(response),
+                "hosts): " + error_field(response, "detail"),
                 404,
             )
         if response.status_code == 400:
-            raise ServiceError(SERVICE, f"query rejected (HTTP 400): {_detail(response)}", 400)
+            raise ServiceError(SERVICE, f"query rejected (HTTP 400): {error_field(response, 'detail')}", 400)
         if not response.is_success:
             raise describe_error_response(SERVICE, response)
         return response_json(SERVICE, response)
@@ -236,15 +236,3 @@ def parse_row(row: list[Any], first: dt.date, last: dt.date) -> tuple[dt.date, s
 def _is_count(value: Any) -> bool:
     # JSON true is a Python int, and a float (1.5, 1e300, NaN) is no count.
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
-
-
-def _detail(response: httpx.Response) -> str:
-    """PostHog's error ``detail`` (Django REST framework's field), else the start of the body."""
-    try:
-        check_text_depth(response.text, MAX_ENVELOPE_DEPTH)  # response.json() would recurse past the stack
-        payload = response.json()
-    except ValueError:
-        return response.text[:300].strip()
-    if isinstance(payload, dict) and isinstance(payload.get("detail"), str):
-        return payload["detail"][:300]
-    return response.text[:300].strip()
