@@ -213,6 +213,12 @@ def test_a_replica_killed_while_work_is_launched_costs_no_execution_and_no_lease
         web_argv = [dagster_bin("dagster-webserver"), *workspace, "-h", "127.0.0.1", "-p", str(web_port)]
         children.append(start("webserver", web_argv, env, tmp_path))
         located = wait_for("the UI to load the location through the balancer", lambda: _location(web), 120, children, 2)
+        admin = tmp_path / "haproxy.sock"
+        if lost in ("process", "host"):
+            # Which replica takes a launch is the balancer's choice (fewest connections), so a launch may never
+            # reach replica 1 (seen in CI: every launch went to replica 2 and no worker ever started there).
+            # Replica 2 is drained until a launch is in flight on replica 1, then takes calls again.
+            assert _haproxy_command(admin, "set server code_server_replicas/replica_2 state drain").strip() == ""
         daemon = start("daemon", [dagster_bin("dagster-daemon"), "run", *workspace], env, tmp_path)
         children.append(daemon)
 
@@ -221,13 +227,14 @@ def test_a_replica_killed_while_work_is_launched_costs_no_execution_and_no_lease
             # lets the runs it started finish before the server exits.
             wait_for("the first execution runs to be requested", lambda: _runs_requested(dagster) >= 3, 120, children)
             drain = "set server code_server_replicas/replica_1 state drain"
-            assert _haproxy_command(tmp_path / "haproxy.sock", drain).strip() == ""
+            assert _haproxy_command(admin, drain).strip() == ""
             time.sleep(2)  # calls already on their way through the balancer arrive
             os.kill(replicas[0].process.pid, signal.SIGTERM)
         else:
             # A run is between claim and start on replica 1: its launch call is in flight. "process": the code
             # server dies (the worker it spawned lives on as an orphan); "host": the machine goes, workers too.
             wait_for("a run worker on replica 1", lambda: any(markers.iterdir()), 120, children, interval=0.2)
+            assert _haproxy_command(admin, "set server code_server_replicas/replica_2 state ready").strip() == ""
             if lost == "process":
                 os.kill(replicas[0].process.pid, signal.SIGKILL)
             else:
