@@ -169,7 +169,11 @@ def report_command(campaign_id: str, start: str | None, end: str | None, fmt: st
 @click.command("backfill", cls=CheckedCommand)
 @click.option("--from", "start", required=True, help="First UTC day (YYYY-MM-DD).")
 @click.option("--to", "end", required=True, help="Last UTC day, inclusive.")
-@click.option("--imports", is_flag=True, help="Re-import the configured importers' days too, then roll them up.")
+@click.option(
+    "--imports",
+    is_flag=True,
+    help="Re-import the configured importers' days too (each over the days its source can still read), then roll up.",
+)
 @click.option(
     "-w",
     "--workspace",
@@ -194,7 +198,7 @@ def backfill_command(start: str, end: str, imports: bool, workspace: Path | None
     import dagster as dg
 
     from marketing_pipelines.local_dagster import daemon_running, dagster_home, local_environment
-    from marketing_pipelines.measurement.backfill import backfill_assets, check_range, launch_backfill
+    from marketing_pipelines.measurement.backfill import backfill_plan, check_range, launch_backfill
 
     current = settings()
     first, last = parse_day(start, "--from"), parse_day(end, "--to")
@@ -205,10 +209,14 @@ def backfill_command(start: str, end: str, imports: bool, workspace: Path | None
         # The instance `ui` and the demo use, with the environment they give its processes.
         home = dagster_home()
         env = local_environment(current, home)
-    assets = backfill_assets(current, imports)
-    launched = launch_backfill(assets, first, last, current.backfill_days_per_run, env, workspace)
+    plan, notes = backfill_plan(current, imports, first, last, datetime.now(UTC).date())
+    launched = launch_backfill(plan, current.backfill_days_per_run, env, workspace)
     span = f"{first}..{last} ({(last - first).days + 1} days)"
-    click.echo(f"Backfill {launched.backfill_id}: {', '.join(assets)}, {span}, on the instance at {home}")
+    click.echo(
+        f"Backfill {launched.backfill_id}: {', '.join(p.asset for p in plan)}, {span}, on the instance at {home}"
+    )
+    for note in notes:
+        click.echo(f"  {note}")
     click.echo(
         f"The daemon runs it as {launched.runs} run(s) of up to {current.backfill_days_per_run} days "
         "(MARKETING_BACKFILL_DAYS_PER_RUN); the UI shows it under Runs > Backfills."

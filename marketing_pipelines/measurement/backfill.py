@@ -15,7 +15,7 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 
 from marketing_pipelines import run_tags
@@ -39,19 +39,55 @@ mutation LaunchBackfill($params: LaunchBackfillParams!) {
 
 
 @dataclass(frozen=True)
-class BackfillLaunched:
-    backfill_id: str
-    assets: tuple[str, ...]
+class AssetDays:
+    """One asset's days in a backfill: first..last, inclusive."""
+
+    asset: str
     first: date
     last: date
-    runs: int  # range runs the daemon makes of it: ceil(days / MARKETING_BACKFILL_DAYS_PER_RUN)
+
+    @property
+    def days(self) -> int:
+        return (self.last - self.first).days + 1
 
 
-def backfill_assets(settings: Settings, imports: bool) -> list[str]:
-    """The rollup, and with ``imports`` the importers the definitions of ``settings`` hold (the configured ones)."""
+@dataclass(frozen=True)
+class BackfillLaunched:
+    backfill_id: str
+    plan: tuple[AssetDays, ...]
+    # Range runs the daemon makes of it: ceil(days / MARKETING_BACKFILL_DAYS_PER_RUN) for each distinct range (assets
+    # of the same days share runs).
+    runs: int
+
+
+def backfill_plan(
+    settings: Settings, imports: bool, first: date, last: date, today: date
+) -> tuple[list[AssetDays], list[str]]:
+    """The rollup over first..last and, with ``imports``, each configured importer over the days of it its source
+    can still be read (``contract.lookback_days``); with a note for each importer cut short or left out.
+
+    An importer's run fails on a day older than its lookback (assets.refuse_unreadable), so asking GitHub traffic
+    (13 days) for a month would fail every run of it, readable days included. Older days keep their stored rows,
+    which the rollup reads. A source of running totals re-derives any day from its stored snapshots: its whole range.
+    """
     missing = missing_variables(settings)
-    importers = [source.asset for source in SOURCES if imports and source.name not in missing]
-    return [*importers, ROLLUP_ASSET]
+    plan: list[AssetDays] = []
+    notes: list[str] = []
+    for source in SOURCES:
+        if not imports or source.name in missing:
+            continue
+        contract = source.contract
+        start = first
+        if contract.lookback_days is not None and contract.count_kind == "daily":
+            start = max(first, today - timedelta(days=contract.lookback_days))
+        why = f"{source.name} can be read only {contract.lookback_days} days back; older days keep their stored rows"
+        if start > last:
+            notes.append(f"{source.asset} left out: {why}")
+            continue
+        if start > first:
+            notes.append(f"{source.asset} from {start} only: {why}")
+        plan.append(AssetDays(source.asset, start, last))
+    return [*plan, AssetDays(ROLLUP_ASSET, first, last)], notes
 
 
 def check_range(first: date, last: date, partitions_start: date, today: date) -> None:
@@ -67,22 +103,26 @@ def check_range(first: date, last: date, partitions_start: date, today: date) ->
 
 
 def launch_backfill(
-    assets: Sequence[str],
-    first: date,
-    last: date,
+    plan: Sequence[AssetDays],
     days_per_run: int,
     env: Mapping[str, str],
     workspace: Path | None = None,
     timeout_s: float = 300,
 ) -> BackfillLaunched:
-    """One asset backfill of ``assets`` over first..last on the instance of ``env``'s DAGSTER_HOME.
+    """One asset backfill of each asset of ``plan`` over its days on the instance of ``env``'s DAGSTER_HOME.
 
     ``workspace``: a deployment's workspace file; without one the code location is loaded from its module
     in the ``dagster-graphql`` process, under the name the UI's gives it.
     """
-    days = {"range": {"start": first.isoformat(), "end": last.isoformat()}}
+    first, last = min(p.first for p in plan), max(p.last for p in plan)
     params = {
-        "partitionsByAssets": [{"assetKey": {"path": [key]}, "partitions": days} for key in assets],
+        "partitionsByAssets": [
+            {
+                "assetKey": {"path": [p.asset]},
+                "partitions": {"range": {"start": p.first.isoformat(), "end": p.last.isoformat()}},
+            }
+            for p in plan
+        ],
         "title": f"marketing-pipelines backfill {first}..{last}",
         "tags": [{"key": run_tags.LAUNCHED_BY, "value": "marketing-pipelines backfill"}],
     }
@@ -105,5 +145,6 @@ def launch_backfill(
     if result.get("__typename") != "LaunchBackfillSuccess":
         message = result.get("message") or result.get("__typename")
         raise InvalidInput(f"Dagster refused the backfill: {visible_controls(redact_text(str(message)))}")
-    count = (last - first).days + 1
-    return BackfillLaunched(result["backfillId"], tuple(assets), first, last, -(-count // days_per_run))
+    ranges = {(p.first, p.last): p.days for p in plan}
+    runs = sum(-(-days // days_per_run) for days in ranges.values())
+    return BackfillLaunched(result["backfillId"], tuple(plan), runs)

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 
 import dagster as dg
@@ -22,10 +22,12 @@ from marketing_pipelines.db.migrate import upgrade
 from marketing_pipelines.db.schema import measurement_daily_rollup
 from marketing_pipelines.local_dagster import code_location, dagster_home, local_environment
 from marketing_pipelines.measurement.assets import RANGE_END_TAG, RANGE_START_TAG
+from marketing_pipelines.measurement.backfill import ROLLUP_ASSET, AssetDays, backfill_plan
 from marketing_pipelines.measurement.events.write import record_events
 from marketing_pipelines.measurement.keys import ROLLUP_KEY
+from marketing_pipelines.measurement.sources import PYPI_DOWNLOADS, SITE_ANALYTICS
 from marketing_pipelines.settings import load_settings
-from marketing_pipelines_tests.factories import add_campaign
+from marketing_pipelines_tests.factories import add_campaign, settings_from
 from marketing_pipelines_tests.test_doc_recipes import newcomer_environment
 
 FIRST, LAST = date(2026, 11, 1), date(2026, 11, 30)
@@ -90,6 +92,65 @@ def test_without_dagster_home_it_backfills_the_local_instance_as_one_asset_backf
     assert f"Backfill {created.backfill_id}: measurement_daily_rollup, 2026-11-01..2026-11-30 (30 days)" in done.stdout
     assert "as 1 run(s) of up to 92 days" in done.stdout
     assert "No dagster-daemon serves this instance now" in done.stderr
+
+
+def test_with_imports_each_importer_is_asked_only_for_the_days_its_source_can_still_read() -> None:
+    # PyPI keeps 180 days: a backfill reaching further asks its importer for the readable days only (a run of it
+    # over older days fails before any request), Plausible (whole history) for all, the rollup for all.
+    today = date(2026, 12, 7)
+    configured = settings_from({"PLAUSIBLE_API_KEY": "k", "PLAUSIBLE_SITE_ID": "example.com"}).model_copy(
+        update={"pypi_downloads_enabled": True}
+    )
+    first, last = today - timedelta(days=200), today - timedelta(days=150)
+    plan, notes = backfill_plan(configured, True, first, last, today)
+    readable = today - timedelta(days=180)
+    assert plan == [
+        AssetDays(SITE_ANALYTICS.asset, first, last),
+        AssetDays(PYPI_DOWNLOADS.asset, readable, last),
+        AssetDays(ROLLUP_ASSET, first, last),
+    ]
+    assert notes == [
+        f"pypi_downloads_daily from {readable} only: pypi_downloads can be read only 180 days back; "
+        "older days keep their stored rows"
+    ]
+    # A range wholly older than its lookback leaves the importer out, and says so; without --imports, the rollup.
+    older, older_notes = backfill_plan(configured, True, first, first + timedelta(days=5), today)
+    assert [p.asset for p in older] == [SITE_ANALYTICS.asset, ROLLUP_ASSET]
+    assert older_notes == [
+        "pypi_downloads_daily left out: pypi_downloads can be read only 180 days back; "
+        "older days keep their stored rows"
+    ]
+    assert backfill_plan(configured, False, first, last, today) == ([AssetDays(ROLLUP_ASSET, first, last)], [])
+
+
+def test_the_created_backfill_holds_each_importers_own_days(tmp_path: Path) -> None:
+    seeded(tmp_path)
+    today = datetime.now(UTC).date()
+    first, last = today - timedelta(days=190), today - timedelta(days=170)
+    start = (first - timedelta(days=1)).isoformat()
+    done = backfill(
+        tmp_path,
+        "--imports",
+        "--from",
+        first.isoformat(),
+        "--to",
+        last.isoformat(),
+        MARKETING_PYPI_DOWNLOADS_ENABLED="true",
+        MARKETING_MEASUREMENT_START_DATE=start,
+    )
+    assert done.returncode == 0, done.stderr
+    with dg.DagsterInstance.from_config(str(tmp_path / ".marketing" / "dagster_home")) as instance:
+        [created] = instance.get_backfills()
+    assert created.asset_backfill_data is not None
+    subsets = created.asset_backfill_data.target_subset.partitions_subsets_by_asset_key
+    days = {key.to_user_string(): sorted(subset.get_partition_keys()) for key, subset in subsets.items()}
+    readable = today - timedelta(days=180)
+    span = (last - first).days + 1
+    assert days[ROLLUP_ASSET] == [(first + timedelta(days=n)).isoformat() for n in range(span)]
+    assert days[PYPI_DOWNLOADS.asset] == [
+        (readable + timedelta(days=n)).isoformat() for n in range((last - readable).days + 1)
+    ]
+    assert f"pypi_downloads_daily from {readable} only" in done.stdout
 
 
 @pytest.mark.parametrize(
