@@ -1,5 +1,5 @@
-"""The rollup of one range run importing every source built so far beside first-party events, on generated data:
-equal to an independent recount per source, campaign and day; numbers true of their day only (visitors,
+"""The rollup of one range run importing every source built on the contract beside first-party events, on generated
+data: equal to an independent recount per source, campaign and day; numbers true of their day only (visitors,
 persons) stored per day and never summed into it. GitHub release downloads are left out here: their deltas come
 from snapshots taken within a day of a day's end, which a range of past days cannot have (test_assets_importers
 covers them day by day)."""
@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from collections import Counter, defaultdict
 from datetime import UTC, date, datetime, timedelta
+from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
@@ -17,9 +18,15 @@ from marketing_pipelines.db.schema import measurement_daily_rollup, source_daily
 from marketing_pipelines.measurement.events.validate import EventRow
 from marketing_pipelines.measurement.events.write import store_events
 from marketing_pipelines.measurement.keys import ROLLUP_KEY, SITE_KEY
-from marketing_pipelines.measurement.sources import NPM_DOWNLOADS, POSTHOG, PYPI_DOWNLOADS
+from marketing_pipelines.measurement.sources import GA4, NPM_DOWNLOADS, POSTHOG, PYPI_DOWNLOADS
 from marketing_pipelines_tests.factories import add_campaign
-from marketing_pipelines_tests.measurement.fake_services import Api, mocked_plausible
+from marketing_pipelines_tests.measurement.fake_services import (
+    Api,
+    FakeGoogle,
+    ga4_report,
+    mocked_ga4,
+    mocked_plausible,
+)
 from marketing_pipelines_tests.measurement.runs import materialize_measurement
 from marketing_pipelines_tests.measurement.test_assets_importers import plausible_days
 from marketing_pipelines_tests.measurement.test_package_downloads_importer import (
@@ -43,6 +50,18 @@ def run_days() -> list[date]:
     # Within pypistats' 180 days, so every source can still be read.
     today = datetime.now(UTC).date()
     return [today - timedelta(days=n) for n in range(8, 3, -1)]
+
+
+def ga4_answer(rows: list[tuple[date, str, int, int, int]]) -> Any:
+    """GA4's runReport over ``rows``: the rows of the request's date range and campaigns (its inListFilter)."""
+
+    def report(body: dict[str, Any]) -> dict[str, Any]:
+        [span] = body["dateRanges"]
+        first, last = date.fromisoformat(span["startDate"]), date.fromisoformat(span["endDate"])
+        wanted = set(body["dimensionFilter"]["filter"]["inListFilter"]["values"])
+        return ga4_report([row for row in rows if first <= row[0] <= last and row[1] in wanted])
+
+    return report
 
 
 def rollup(engine: sa.Engine) -> dict[tuple[date, str, str, str, str], tuple[int, int | None]]:
@@ -79,14 +98,20 @@ def test_a_rollup_of_every_source_equals_an_independent_recount(engine: sa.Engin
          rng.choice([*UTM, "stray", None]), f"person-{rng.randrange(12)}")
         for d in days for _ in range(60)
     ]  # fmt: skip
+    # GA4: (day, utm_campaign, sessions, page views, users), users never more than sessions.
+    ga4_rows = [
+        (d, utm, sessions, sessions + rng.randrange(40), rng.randrange(1, sessions + 1))
+        for d in days for utm in [*UTM, "stray"] for sessions in [rng.randrange(1, 30)]
+    ]  # fmt: skip
     pypi_table = downloads_table(["acme-widget", "acme-lib", "not-ours"], days, seed=5)
     npm_table = downloads_table(["@acme/sdk", "acme-cli", "not-ours"], days, seed=9)
 
     result = materialize_measurement(
-        [SITE_KEY, *(dg.AssetKey(s.asset) for s in (POSTHOG, PYPI_DOWNLOADS, NPM_DOWNLOADS)), ROLLUP_KEY],
+        [SITE_KEY, *(dg.AssetKey(s.asset) for s in (GA4, POSTHOG, PYPI_DOWNLOADS, NPM_DOWNLOADS)), ROLLUP_KEY],
         db_url,
         days,
         plausible=mocked_plausible(Api(lambda request: plausible_days(request, site))),
+        ga4=mocked_ga4(Api(FakeGoogle(ga4_answer(ga4_rows)))),
         posthog=mocked_posthog(Api(FakePostHog(posthog_events))),
         pypistats=mocked_pypistats(Api(PyPIStatsFake(pypi_table))),
         npm_downloads=mocked_npm(Api(NpmDownloadsFake(npm_table))),
@@ -103,6 +128,10 @@ def test_a_rollup_of_every_source_equals_an_independent_recount(engine: sa.Engin
         for utm, _page, _visitors, pageviews in rows:
             if utm in UTM:
                 expected[(d, UTM[utm], "site_analytics", "site", "pageview")] += pageviews
+    for d, utm, sessions, page_views, _users in ga4_rows:
+        if utm in UTM:
+            expected[(d, UTM[utm], "ga4", "site", "ga4_session")] += sessions
+            expected[(d, UTM[utm], "ga4", "site", "ga4_pageview")] += page_views
     persons: dict[tuple[date, str], set[str]] = defaultdict(set)
     for at, utm, person in posthog_events:
         if utm in UTM:
@@ -129,3 +158,9 @@ def test_a_rollup_of_every_source_equals_an_independent_recount(engine: sa.Engin
             sa.select(m.c.day, m.c.key, m.c.value).where(m.c.source == "posthog", m.c.metric == "persons")
         ).all()
     assert {(d, k): v for d, k, v in stored} == {key: len(people) for key, people in persons.items()}
+    # GA4's users likewise: per day and campaign as GA4 counted them.
+    with engine.connect() as conn:
+        users = conn.execute(
+            sa.select(m.c.day, m.c.key, m.c.value).where(m.c.source == "ga4", m.c.metric == "total_users")
+        ).all()
+    assert sorted(users) == sorted((d, utm, n) for d, utm, _, _, n in ga4_rows if utm in UTM)
