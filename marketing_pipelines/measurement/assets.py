@@ -261,14 +261,25 @@ RELEASE_DOWNLOADS_DESCRIPTION = (
     "only while its day ended less than a day ago; re-running an older partition re-derives its deltas from "
     "the stored snapshot. In the definitions only while GitHub is configured."
 )
-ROLLUP_DESCRIPTION = (
-    "Table `measurement_daily_rollup`: one row is one (UTC day, campaign, source, stage, event type) with its "
-    "raw_count, its exact unique_actors that day (NULL for imported rows, whose actors are unknown) and the "
-    "serialized HLL sketch of its actor ids, which the report merges for unique actors over a range. Sources: "
-    "`first_party` events, `site_analytics` pageviews (by campaign.utm_campaign) and `github_releases` "
-    "downloads (by campaign.github_repo). Also refreshes the days' ISO weeks in `measurement_weekly_sketch`, "
-    "the per-week sketch unions the report merges for whole weeks."
-)
+
+
+def _rollup_description() -> str:
+    """What one row of the rollup is, and what each source adds to it, read from the sources' contracts."""
+    sources = "; ".join(
+        f"`{s.name}` {', '.join(c.metric for c in s.contract.counted)} (by campaign.{s.contract.match})"
+        for s in SOURCES
+    )
+    return (
+        "Table `measurement_daily_rollup`: one row is one (UTC day, campaign, source, stage, event type) with its "
+        "raw_count, its exact unique_actors that day (NULL for imported rows, whose actors are unknown) and the "
+        "serialized HLL sketch of its actor ids, which the report merges for unique actors over a range. Sources: "
+        f"`first_party` events; {sources}. Numbers true of one day only (unique visitors, persons, users) stay in "
+        "their importer's table, never summed here. Also refreshes the days' ISO weeks in "
+        "`measurement_weekly_sketch`, the per-week sketch unions the report merges for whole weeks."
+    )
+
+
+ROLLUP_DESCRIPTION = _rollup_description()
 
 
 def site_analytics(

@@ -192,3 +192,12 @@ def test_every_measurement_asset_is_due_daily_in_dagsters_freshness() -> None:
             timedelta(hours=6),
             "UTC",
         )
+
+
+def test_the_rollups_description_names_every_source_and_what_it_adds_from_its_contract() -> None:
+    from marketing_pipelines.measurement.sources import SOURCES
+
+    description = DEFS.resolve_asset_graph().get(ROLLUP).description or ""
+    for source in SOURCES:
+        counted = ", ".join(c.metric for c in source.contract.counted)
+        assert f"`{source.name}` {counted} (by campaign.{source.contract.match})" in description, source.name
