@@ -84,6 +84,44 @@ def _unknown(service: str, package: str, column: str, said: str) -> None:
     )
 
 
+class KeylessDownloadsClient(dg.ConfigurableResource):
+    """What the two keyless download APIs' clients share: turned on by a flag, an API root, a timeout, and the
+    checks every run makes before its first request."""
+
+    service: ClassVar[str]
+    # The variables of the flag and of the API root, and the service's host, as a reason not configured names them.
+    enabled_env: ClassVar[str]
+    base_url_env: ClassVar[str]
+    host: ClassVar[str]
+
+    enabled: bool
+    # Shown by name when set, as every API root: a proxy's URL may carry credentials.
+    base_url: str
+    timeout_s: float = Field(default=30.0, gt=0, description="Timeout of each HTTP call, in seconds.")
+
+    def is_configured(self) -> bool:
+        return self.enabled
+
+    def not_configured_reason(self) -> str:
+        return "" if self.enabled else f"set {self.enabled_env}=true ({self.host} needs no key)"
+
+    def _empty_days(self, first: dt.date, last: dt.date) -> dict[dt.date, list[MetricRow]]:
+        """Every day of the range with no rows yet, once the client may send: turned on, its API root allowed."""
+        if not self.is_configured():
+            raise ImporterNotConfigured(f"{self.service}: {self.not_configured_reason()}")
+        problem = api_root_problem(self.base_url)
+        if problem:
+            raise ServiceError(self.service, f"{self.base_url_env} {problem}")
+        return _days(first, last)
+
+    def _client(self, gate: RequestGate | None = None) -> httpx.Client:
+        # trust_env=False: HTTP(S)_PROXY in the environment must not reroute the importer.
+        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False, event_hooks=hooks(gate))
+
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
 # ---- PyPI: pypistats.org ------------------------------------------------------------------------------------
 
 PYPI = "pypistats"
@@ -128,7 +166,7 @@ def pypistats_shape_problems(payload: Any) -> list[str]:
 
 
 @shown_in_ui
-class PyPIStatsClient(dg.ConfigurableResource):
+class PyPIStatsClient(KeylessDownloadsClient):
     """Daily downloads of the campaigns' PyPI projects from pypistats.org
     (``GET /api/packages/{package}/overall?mirrors=false``), without known mirrors.
 
@@ -138,29 +176,20 @@ class PyPIStatsClient(dg.ConfigurableResource):
 
     name: ClassVar[str] = "pypi_downloads"
     contract: ClassVar[SourceContract] = PYPI_DOWNLOADS.contract
+    service: ClassVar[str] = PYPI
+    enabled_env: ClassVar[str] = PYPI_ENABLED_ENV
+    base_url_env: ClassVar[str] = env_name("pypistats_api_url")
+    host: ClassVar[str] = "pypistats.org"
 
     enabled: bool = setting_field("pypi_downloads_enabled")
-    # Shown by name when set, as every API root: a proxy's URL may carry credentials.
     base_url: str = setting_field("pypistats_api_url")
-    timeout_s: float = Field(default=30.0, gt=0, description="Timeout of each HTTP call, in seconds.")
-
-    def is_configured(self) -> bool:
-        return self.enabled
-
-    def not_configured_reason(self) -> str:
-        return "" if self.enabled else f"set {PYPI_ENABLED_ENV}=true (pypistats.org needs no key)"
 
     def daily_metrics(
         self, first: dt.date, last: dt.date, keys: Sequence[str], gate: RequestGate | None = None
     ) -> dict[dt.date, list[MetricRow]]:
         """Each package's downloads on each day from ``first`` to ``last`` (every day present, maybe empty);
         ``gate`` is asked before each request (the shared quota, measurement/quota.py)."""
-        if not self.is_configured():
-            raise ImporterNotConfigured(f"{PYPI}: {self.not_configured_reason()}")
-        problem = api_root_problem(self.base_url)
-        if problem:
-            raise ServiceError(PYPI, f"{env_name('pypistats_api_url')} {problem}")
-        by_day = _days(first, last)
+        by_day = self._empty_days(first, last)
         with self._client(gate) as client:
             for package in keys:
                 counts = self._overall(client, package)
@@ -191,13 +220,6 @@ class PyPIStatsClient(dg.ConfigurableResource):
             for item in payload["data"]
             if item["category"] == WITHOUT_MIRRORS
         }
-
-    def _client(self, gate: RequestGate | None = None) -> httpx.Client:
-        # trust_env=False: HTTP(S)_PROXY in the environment must not reroute the importer.
-        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False, event_hooks=hooks(gate))
-
-    def _sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 # ---- npm: api.npmjs.org --------------------------------------------------------------------------------------
@@ -268,7 +290,7 @@ def npm_requests(packages: Sequence[str]) -> list[list[str]]:
 
 
 @shown_in_ui
-class NpmDownloadsClient(dg.ConfigurableResource):
+class NpmDownloadsClient(KeylessDownloadsClient):
     """Daily downloads of the campaigns' npm packages from npm's download counts API
     (``GET /downloads/range/{start}:{end}/{packages}``).
 
@@ -278,29 +300,20 @@ class NpmDownloadsClient(dg.ConfigurableResource):
 
     name: ClassVar[str] = "npm_downloads"
     contract: ClassVar[SourceContract] = NPM_DOWNLOADS.contract
+    service: ClassVar[str] = NPM
+    enabled_env: ClassVar[str] = NPM_ENABLED_ENV
+    base_url_env: ClassVar[str] = env_name("npm_downloads_api_url")
+    host: ClassVar[str] = "api.npmjs.org"
 
     enabled: bool = setting_field("npm_downloads_enabled")
-    # Shown by name when set, as every API root: a proxy's URL may carry credentials.
     base_url: str = setting_field("npm_downloads_api_url")
-    timeout_s: float = Field(default=30.0, gt=0, description="Timeout of each HTTP call, in seconds.")
-
-    def is_configured(self) -> bool:
-        return self.enabled
-
-    def not_configured_reason(self) -> str:
-        return "" if self.enabled else f"set {NPM_ENABLED_ENV}=true (api.npmjs.org needs no key)"
 
     def daily_metrics(
         self, first: dt.date, last: dt.date, keys: Sequence[str], gate: RequestGate | None = None
     ) -> dict[dt.date, list[MetricRow]]:
         """Each package's downloads on each day from ``first`` to ``last`` (every day present, maybe empty);
         ``gate`` is asked before each request (the shared quota, measurement/quota.py)."""
-        if not self.is_configured():
-            raise ImporterNotConfigured(f"{NPM}: {self.not_configured_reason()}")
-        problem = api_root_problem(self.base_url)
-        if problem:
-            raise ServiceError(NPM, f"{env_name('npm_downloads_api_url')} {problem}")
-        by_day = _days(first, last)
+        by_day = self._empty_days(first, last)
         packages = []
         for package in keys:
             if _NPM_PATH_SAFE.fullmatch(package):
@@ -354,10 +367,3 @@ class NpmDownloadsClient(dg.ConfigurableResource):
                 raise _refuse(NPM, package, problems)
             counts[package] = {dt.date.fromisoformat(i["day"]): i["downloads"] for i in answer["downloads"]}
         return counts
-
-    def _client(self, gate: RequestGate | None = None) -> httpx.Client:
-        # trust_env=False: HTTP(S)_PROXY in the environment must not reroute the importer.
-        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False, event_hooks=hooks(gate))
-
-    def _sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
