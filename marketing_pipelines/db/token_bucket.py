@@ -149,17 +149,9 @@ def configure_limit(
     row = conn.execute(sa.select(limit_table.c.learned_per_minute).where(_key(provider, model, unit))).one_or_none()
     learned = row.learned_per_minute if row else None
     rate, cap = _effective(per_minute, capacity, learned)
-    updated = conn.execute(
-        sa.update(limit_table)
-        .where(_key(provider, model, unit))
-        .values(
-            capacity=cap,
-            refill_per_second=rate / 60.0,
-            configured_per_minute=per_minute,
-            configured_capacity=capacity,
-            tokens=sa.case((limit_table.c.tokens > cap, cap), else_=limit_table.c.tokens),
-        )
-    ).rowcount
+    updated = _resize(
+        conn, provider, model, unit, rate, cap, configured_per_minute=per_minute, configured_capacity=capacity
+    )
     if not updated and not _create(conn, provider, model, unit, per_minute, capacity, None):
         # Another process created it between our UPDATE and INSERT; resize what it created.
         configure_limit(conn, provider, model, unit, per_minute, burst)
@@ -169,6 +161,24 @@ def clear_limit(conn: sa.Connection, provider: str, model: str, unit: str) -> bo
     """Remove one limit (its unit is then unlimited until configured or learned again); True when there was one."""
     _check_key(provider, model, unit)
     return conn.execute(sa.delete(limit_table).where(_key(provider, model, unit))).rowcount == 1
+
+
+def _resize(
+    conn: sa.Connection, provider: str, model: str, unit: str, rate: float, capacity: float, **values: float | None
+) -> int:
+    """Give one row the rate and capacity it now enforces (tokens above the new capacity are dropped) and
+    ``values``, what was configured or learned; the rows updated (0: there is no such row yet)."""
+    t = limit_table
+    return conn.execute(
+        sa.update(t)
+        .where(_key(provider, model, unit))
+        .values(
+            capacity=capacity,
+            refill_per_second=rate / 60.0,
+            tokens=sa.case((t.c.tokens > capacity, capacity), else_=t.c.tokens),
+            **values,
+        )
+    ).rowcount
 
 
 def _effective(
@@ -488,17 +498,7 @@ def _learn_one(
         if own.learned_per_minute == learned:
             return None
         rate, capacity = _effective(own.configured_per_minute, own.configured_capacity, learned)
-        t = limit_table
-        conn.execute(
-            sa.update(t)
-            .where(_key(provider, model, unit))
-            .values(
-                learned_per_minute=learned,
-                refill_per_second=rate / 60.0,
-                capacity=capacity,
-                tokens=sa.case((t.c.tokens > capacity, capacity), else_=t.c.tokens),
-            )
-        )
+        _resize(conn, provider, model, unit, rate, capacity, learned_per_minute=learned)
         return (
             f"{what}: {rate:,.0f} (the provider says {learned:,.0f})"
             if not math.isclose(rate, own.per_minute)
