@@ -8,13 +8,14 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import empty_postgres_database
+from _common import empty_postgres_database, throwaway_database
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INSTANCE_CONFIG = REPO_ROOT / "deploy" / "dagster.yaml"
@@ -159,3 +160,35 @@ def environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+# --- a whole deployment ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A throwaway deployment: the application database, Dagster's storage on PostgreSQL and a DAGSTER_HOME
+    holding deploy/dagster.yaml, as the shipped configuration runs it."""
+
+    app_url: str
+    home: Path
+    pg: Mapping[str, str]
+
+    def env(self, overrides: Mapping[str, str]) -> dict[str, str]:
+        """The daemon's and webserver's environment: this deployment's, then ``overrides``."""
+        return daemon_env(self.app_url, self.home, self.pg, overrides)
+
+
+@contextlib.contextmanager
+def deployment() -> Iterator[Deployment]:
+    """A ``Deployment`` for the block; its Dagster variables are in this process's environment too, so an
+    in-process ``DagsterInstance.from_config(home)`` reads the same storage."""
+    with (
+        throwaway_database("postgres") as app_url,
+        dagster_storage_database() as pg,
+        environ(pg),
+        tempfile.TemporaryDirectory(prefix="mp-bench-home-") as home_dir,
+    ):
+        home = Path(home_dir)
+        (home / "dagster.yaml").write_text(INSTANCE_CONFIG.read_text())
+        yield Deployment(app_url, home, pg)

@@ -39,15 +39,12 @@ from typing import Any
 import dagster as dg
 import httpx
 import sqlalchemy as sa
-from _common import free_port, print_table, throwaway_database
+from _common import free_port, print_table
 from _daemon import (
-    INSTANCE_CONFIG,
     WORKSPACE,
     Daemon,
-    daemon_env,
     dagster_bin,
-    dagster_storage_database,
-    environ,
+    deployment,
     log_findings,
 )
 from _measurement_events import campaign_ids, generate_events, load_events
@@ -294,13 +291,11 @@ def main() -> None:
     github_requests: list[str] = []
 
     with (
-        throwaway_database("postgres") as app_url,
-        dagster_storage_database() as pg,
-        environ(pg),
-        tempfile.TemporaryDirectory(prefix="mp-bench-home-") as home_dir,
+        deployment() as deployed,
         serve(plausible_handler([f"utm-{c}" for c in ids], plausible_requests)) as plausible_url,
         serve(github_handler(github_requests)) as github_url,
     ):
+        app_url = deployed.app_url
         load_s = load_events(app_url, frame)
         engine = get_engine(app_url)
         with engine.begin() as conn:
@@ -312,23 +307,13 @@ def main() -> None:
                 )
         print(f"loaded {args.events:,} events over {args.days} days in {load_s:.1f} s")
 
-        home = Path(home_dir)
-        (home / "dagster.yaml").write_text(INSTANCE_CONFIG.read_text())
-        env = daemon_env(
-            app_url,
-            home,
-            pg,
+        home = deployed.home
+        env = deployed.env(
             {"MARKETING_MEASUREMENT_START_DATE": first_day.isoformat()}
             | (
                 {}
                 if args.unconfigured_importers
-                else {
-                    "PLAUSIBLE_API_KEY": "bench-key",
-                    "PLAUSIBLE_SITE_ID": "bench.example",
-                    "PLAUSIBLE_BASE_URL": plausible_url,
-                    "GITHUB_TOKEN": "ghp_bench",
-                    "GITHUB_API_URL": github_url,
-                }
+                else {**plausible_env(plausible_url), "GITHUB_TOKEN": "ghp_bench", "GITHUB_API_URL": github_url}
             ),
         )
         logs = Path(tempfile.mkdtemp(prefix="mp-bench-backfill-"))
@@ -346,6 +331,11 @@ def main() -> None:
         engine.dispose()
 
     report(results, args, plausible_requests, github_requests, logs)
+
+
+def plausible_env(url: str) -> dict[str, str]:
+    """Plausible configured, its API the local fake at ``url``."""
+    return {"PLAUSIBLE_API_KEY": "bench-key", "PLAUSIBLE_SITE_ID": "bench.example", "PLAUSIBLE_BASE_URL": url}
 
 
 @contextlib.contextmanager

@@ -34,9 +34,9 @@ from typing import Any
 import dagster as dg
 import httpx
 import sqlalchemy as sa
-from _common import print_table, throwaway_database
-from _daemon import INSTANCE_CONFIG, daemon_env, dagster_storage_database, environ, log_findings
-from backfill import _Quiet, asset_backfill, graphql, launch, serve, session, wait_backfill
+from _common import print_table
+from _daemon import deployment, log_findings
+from backfill import _Quiet, asset_backfill, graphql, launch, plausible_env, serve, session, wait_backfill
 
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine
@@ -135,30 +135,13 @@ def main() -> None:
     revised = days[-args.revised :]
     answers = Answers()
 
-    with (
-        throwaway_database("postgres") as app_url,
-        dagster_storage_database() as pg,
-        environ(pg),
-        tempfile.TemporaryDirectory(prefix="mp-bench-home-") as home_dir,
-        serve(plausible(answers)) as plausible_url,
-    ):
-        engine = get_engine(app_url)
+    with deployment() as deployed, serve(plausible(answers)) as plausible_url:
+        engine = get_engine(deployed.app_url)
         with engine.begin() as conn:
             for u, utm in enumerate(UTMS):
                 upsert_campaign(conn, Campaign(f"c{u}", f"Campaign {u}", "ana", utm_campaign=utm))
-        home = Path(home_dir)
-        (home / "dagster.yaml").write_text(INSTANCE_CONFIG.read_text())
-        env = daemon_env(
-            app_url,
-            home,
-            pg,
-            {
-                "MARKETING_MEASUREMENT_START_DATE": days[0].isoformat(),
-                "PLAUSIBLE_API_KEY": "bench-key",
-                "PLAUSIBLE_SITE_ID": "bench.example",
-                "PLAUSIBLE_BASE_URL": plausible_url,
-            },
-        )
+        home = deployed.home
+        env = deployed.env({"MARKETING_MEASUREMENT_START_DATE": days[0].isoformat(), **plausible_env(plausible_url)})
         logs = Path(tempfile.mkdtemp(prefix="mp-bench-automation-"))
         keys = [d.isoformat() for d in days]
         with (

@@ -34,7 +34,10 @@ TINY = {
     "model_limits.py": ["--workers", "2", "--seconds", "20", "--input-limit", "5000", "--lowered", "2500"],
     "prompt_caching.py": ["--runs", "1", "--database", "sqlite"],
     "rollup_automation.py": ["--days", "2", "--revised", "1", "--timeout", "240"],
-    "source_quota.py": ["--days", "4", "--days-per-run", "2", "--quota", "2", "--period", "10", "--skip-unplanned"],
+    "source_quota.py": [
+        *("--source", "site_analytics", "--source", "ga4"),
+        *("--days", "4", "--days-per-run", "2", "--quota", "2", "--period", "10", "--skip-unplanned"),
+    ],
 }
 
 

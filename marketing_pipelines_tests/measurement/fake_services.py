@@ -10,13 +10,15 @@ key of a key pair the test made, ``service_account_key``) and the GA4 Data API's
 from __future__ import annotations
 
 import base64
+import copy
 import datetime as dt
 import functools
 import json
 import re
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -165,6 +167,46 @@ class _Quota:
             self.refused += 1
             return True
         return False
+
+
+# ---- PostHog: the Query API ----------------------------------------------------------------------------------
+
+
+def posthog_answer(results: list[list[Any]], has_more: bool = False, **changes: Any) -> dict[str, Any]:
+    """The recorded answer with other rows: every other field as PostHog sends it."""
+    payload = copy.deepcopy(recorded("posthog/query_hogql.json"))
+    payload.update(results=results, hasMore=has_more, **changes)
+    return payload
+
+
+def body(request: httpx.Request) -> dict[str, Any]:
+    return json.loads(request.content)
+
+
+Event = tuple[datetime, str | None, str]  # timestamp (UTC), utm_campaign, person id
+
+
+class FakePostHog:
+    """Answers the importer's HogQL query from a list of events, as PostHog would: the range and the campaigns
+    from the query's values, LIMIT and OFFSET from its text, hasMore when rows are left after the page."""
+
+    def __init__(self, events: Sequence[Event]) -> None:
+        self.events = list(events)
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        query = body(request)["query"]
+        values = query["values"]
+        start, end = (datetime.fromisoformat(values[k]).replace(tzinfo=UTC) for k in ("start", "end"))
+        limit, offset = (int(n) for n in re.search(r"LIMIT (\d+) OFFSET (\d+)$", query["query"]).groups())  # type: ignore[union-attr]
+        groups: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for at, utm, person in self.events:
+            if start <= at < end and utm in values["campaigns"]:
+                groups[(at.date().isoformat(), utm)].append(person)
+        rows = [[d, c, len(people), len(set(people))] for (d, c), people in sorted(groups.items())]
+        page = rows[offset : offset + limit]
+        return httpx.Response(
+            200, json=posthog_answer(page, has_more=len(rows) > offset + limit, limit=limit, offset=offset)
+        )
 
 
 class PyPIStatsFake:

@@ -23,6 +23,7 @@ from marketing_pipelines_tests.factories import add_campaign
 from marketing_pipelines_tests.measurement.fake_services import (
     Api,
     FakeGoogle,
+    FakePostHog,
     ga4_report,
     mocked_ga4,
     mocked_plausible,
@@ -36,7 +37,7 @@ from marketing_pipelines_tests.measurement.test_package_downloads_importer impor
     mocked_npm,
     mocked_pypistats,
 )
-from marketing_pipelines_tests.measurement.test_posthog_importer import FakePostHog, mocked_posthog
+from marketing_pipelines_tests.measurement.test_posthog_importer import mocked_posthog
 
 CAMPAIGNS = {  # id -> (utm_campaign, pypi_package, npm_package)
     "alpha": ("alpha26", "acme-widget", "@acme/sdk"),

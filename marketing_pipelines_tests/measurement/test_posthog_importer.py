@@ -37,7 +37,8 @@ from marketing_pipelines.measurement.rollup.daily import replace_rollup_days
 from marketing_pipelines.measurement.sources import POSTHOG, Quota, source_named
 from marketing_pipelines.settings import SettingsError, load_settings
 from marketing_pipelines_tests.factories import add_campaign, settings_from
-from marketing_pipelines_tests.measurement.fake_services import Api
+from marketing_pipelines_tests.measurement.fake_services import Api, Event, FakePostHog, body
+from marketing_pipelines_tests.measurement.fake_services import posthog_answer as answer
 from marketing_pipelines_tests.measurement.runs import materialize_measurement
 from marketing_pipelines_tests.measurement.test_importer_echoes import _failed_run, leaked
 
@@ -60,41 +61,6 @@ def mocked_posthog(api: Api, sleeps: list[float] | None = None, **fields: Any) -
                 sleeps.append(seconds)
 
     return MockedPostHog(**{"api_key": API_KEY, "project_id": PROJECT, **fields})
-
-
-def answer(results: list[list[Any]], has_more: bool = False, **changes: Any) -> dict[str, Any]:
-    """The recorded answer with other rows: every other field as PostHog sends it."""
-    payload = copy.deepcopy(RECORDED)
-    payload.update(results=results, hasMore=has_more, **changes)
-    return payload
-
-
-def body(request: httpx.Request) -> dict[str, Any]:
-    return json.loads(request.content)
-
-
-Event = tuple[datetime, str | None, str]  # timestamp (UTC), utm_campaign, person id
-
-
-class FakePostHog:
-    """Answers the importer's HogQL query from a list of events, as PostHog would: the range and the campaigns
-    from the query's values, LIMIT and OFFSET from its text, hasMore when rows are left after the page."""
-
-    def __init__(self, events: Sequence[Event]) -> None:
-        self.events = list(events)
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        query = body(request)["query"]
-        values = query["values"]
-        start, end = (datetime.fromisoformat(values[k]).replace(tzinfo=UTC) for k in ("start", "end"))
-        limit, offset = (int(n) for n in re.search(r"LIMIT (\d+) OFFSET (\d+)$", query["query"]).groups())  # type: ignore[union-attr]
-        groups: dict[tuple[str, str], list[str]] = defaultdict(list)
-        for at, utm, person in self.events:
-            if start <= at < end and utm in values["campaigns"]:
-                groups[(at.date().isoformat(), utm)].append(person)
-        rows = [[d, c, len(people), len(set(people))] for (d, c), people in sorted(groups.items())]
-        page = rows[offset : offset + limit]
-        return httpx.Response(200, json=answer(page, has_more=len(rows) > offset + limit, limit=limit, offset=offset))
 
 
 # --- the contract --------------------------------------------------------------------------------------------
