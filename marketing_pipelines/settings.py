@@ -375,6 +375,12 @@ class Settings(BaseSettings):
         description="GitHub API root; change for GitHub Enterprise.",
         json_schema_extra=SECRET,
     )
+    # Traffic needs push access to each repository, which a token that reads releases may lack: off until turned on.
+    github_traffic_enabled: bool = Field(
+        False,
+        description="Import the campaigns' github_repo views and clones per day from GitHub's traffic API "
+        "(GITHUB_TOKEN needs push access: a classic token with repo, or fine-grained with Administration: read).",
+    )
     # The package-download importers need no key: each is off until turned on, so a fresh machine fetches nothing.
     pypi_downloads_enabled: bool = Field(
         False, description="Import the campaigns' pypi_package downloads from pypistats.org (no key needed)."

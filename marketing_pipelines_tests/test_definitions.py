@@ -65,6 +65,7 @@ RESOURCES = [
     "execution_settings",
     "ga4",
     "github",
+    "github_traffic",
     "health_settings",
     "history_retention",
     "npm_downloads",

@@ -82,7 +82,8 @@ def test_the_demo_runs_through_the_daemon_and_a_second_demo_adds_no_run(
     assert {r.asset_materialization.metadata["sources_not_configured"].value for r in records} == {  # type: ignore[union-attr]
         "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; github_release_downloads_daily: "
         "set GITHUB_TOKEN; ga4_daily: set GA4_PROPERTY_ID and GA4_SERVICE_ACCOUNT_JSON; posthog_daily: set "
-        "POSTHOG_API_KEY and POSTHOG_PROJECT_ID; pypi_downloads_daily: set MARKETING_PYPI_DOWNLOADS_ENABLED=true; "
+        "POSTHOG_API_KEY and POSTHOG_PROJECT_ID; github_traffic_daily: set GITHUB_TOKEN and "
+        "MARKETING_GITHUB_TRAFFIC_ENABLED=true; pypi_downloads_daily: set MARKETING_PYPI_DOWNLOADS_ENABLED=true; "
         "npm_downloads_daily: set MARKETING_NPM_DOWNLOADS_ENABLED=true"
     }
 

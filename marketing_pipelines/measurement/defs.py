@@ -15,6 +15,7 @@ from marketing_pipelines.measurement.assets import (
 from marketing_pipelines.measurement.freshness import build_freshness_sensor, build_today_is_current
 from marketing_pipelines.measurement.importers.ga4 import GA4Client
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
+from marketing_pipelines.measurement.importers.github_traffic import GitHubTrafficClient
 from marketing_pipelines.measurement.importers.packages import NpmDownloadsClient, PyPIStatsClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.importers.posthog import PostHogClient
@@ -31,6 +32,7 @@ IMPORTER_RESOURCES: dict[str, type[dg.ConfigurableResource]] = {
     "plausible": PlausibleClient,
     "github": GitHubReleasesClient,
     "posthog": PostHogClient,
+    "github_traffic": GitHubTrafficClient,
     "pypistats": PyPIStatsClient,
     "npm_downloads": NpmDownloadsClient,
     "ga4": GA4Client,

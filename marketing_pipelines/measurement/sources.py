@@ -198,6 +198,32 @@ POSTHOG = Source(
     "posthog.com/docs/api/queries (creating a query, rate limits), posthog/schema HogQLQuery and HogQLQueryResponse",
     resource_key="posthog",
 )
+GITHUB_TRAFFIC = Source(
+    "github_traffic",
+    "github_traffic_daily",
+    ("github_token", "github_traffic_enabled"),
+    SourceContract(
+        # The traffic API answers the last 14 days only, the window ending now: its oldest day is cut (part of it
+        # fell out before the request), so 13 full days back is what a run can still read whole.
+        lookback_days=13,
+        # Views and clones are counted as they come: today's number grows until the day ends, and GitHub's
+        # counting of yesterday may lag past midnight, so yesterday is read once more.
+        revision_days=1,
+        count_kind="daily",
+        counted=(Counted("views", "repository", "github_view"), Counted("clones", "repository", "github_clone")),
+        # Unique visitors and cloners of one day: one person of two days is one person, so never summed.
+        range_only=("view_uniques", "clone_uniques"),
+        # 5,000 requests an hour with a token (REST API rate limits), the same bucket GitHub counts for the
+        # release downloads and every other use of the token: two requests (views, clones) per repository a run.
+        quota=Quota(5000, 3600.0),
+        # A day not read within the 14-day window is gone: within_retention warns while one can still be read.
+        retention_days=13,
+        match="github_repo",
+    ),
+    "docs.github.com/rest/metrics/traffic (views, clones: last 14 days, per=day, push access), "
+    "docs.github.com/rest/using-the-rest-api/rate-limits-for-the-rest-api",
+    resource_key="github_traffic",
+)
 PYPI_DOWNLOADS = Source(
     "pypi_downloads",
     "pypi_downloads_daily",
@@ -277,7 +303,7 @@ GA4 = Source(
     "support.google.com/analytics/answer/7667196, support.google.com/analytics/answer/11198161",
     resource_key="ga4",
 )
-SOURCES = (SITE_ANALYTICS, GITHUB_RELEASES, GA4, POSTHOG, PYPI_DOWNLOADS, NPM_DOWNLOADS)
+SOURCES = (SITE_ANALYTICS, GITHUB_RELEASES, GA4, POSTHOG, GITHUB_TRAFFIC, PYPI_DOWNLOADS, NPM_DOWNLOADS)
 
 
 def source_named(name: str) -> Source:

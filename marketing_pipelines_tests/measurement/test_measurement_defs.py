@@ -48,11 +48,15 @@ POSTHOG_ENV = {"POSTHOG_API_KEY": "phx_k", "POSTHOG_PROJECT_ID": "4242"}
 POSTHOG_LEFT_OUT = "posthog_daily: set POSTHOG_API_KEY and POSTHOG_PROJECT_ID"
 GA4_ENV = {"GA4_PROPERTY_ID": GA4_PROPERTY, "GA4_SERVICE_ACCOUNT_JSON": json.dumps(service_account_key())}
 GA4_LEFT_OUT = "ga4_daily: set GA4_PROPERTY_ID and GA4_SERVICE_ACCOUNT_JSON"
+# Traffic needs GITHUB_TOKEN with push access, and is off until its flag is set.
+TRAFFIC_LEFT_OUT = "github_traffic_daily: set GITHUB_TOKEN and MARKETING_GITHUB_TRAFFIC_ENABLED=true"
+TRAFFIC_OFF = "github_traffic_daily: set MARKETING_GITHUB_TRAFFIC_ENABLED=true"
 # The package-download importers need no key and are off until their flags are set.
 PACKAGES_OFF = (
     "pypi_downloads_daily: set MARKETING_PYPI_DOWNLOADS_ENABLED=true; "
     "npm_downloads_daily: set MARKETING_NPM_DOWNLOADS_ENABLED=true"
 )
+OTHERS_LEFT_OUT = f"{GA4_LEFT_OUT}; {POSTHOG_LEFT_OUT}; {TRAFFIC_LEFT_OUT}; {PACKAGES_OFF}"
 
 
 @pytest.mark.parametrize(
@@ -134,7 +138,7 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
         [materialization] = result.asset_materializations_for_node("measurement_daily_rollup")
         shown = materialization.metadata["sources_not_configured"].value
         assert shown == "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; " + (
-            f"github_release_downloads_daily: set GITHUB_TOKEN; {GA4_LEFT_OUT}; {POSTHOG_LEFT_OUT}; {PACKAGES_OFF}"
+            f"github_release_downloads_daily: set GITHUB_TOKEN; {OTHERS_LEFT_OUT}"
         )
         graph = dg.Definitions(assets=[marketing_event_asset, *assets], resources=resources).resolve_asset_graph()
         resolver = CachingStaleStatusResolver(instance, graph, LoadingContextForTest(instance))
@@ -147,12 +151,12 @@ def test_identical_reruns_leave_the_rollup_in_sync(db_url: str) -> None:
     [
         # The defaults (the demo's code location): every importer left out, named by what turns each on.
         ({}, "site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; "
-         f"github_release_downloads_daily: set GITHUB_TOKEN; {GA4_LEFT_OUT}; {POSTHOG_LEFT_OUT}; {PACKAGES_OFF}"),
-        # Only GitHub, GA4 and PostHog configured: Plausible (and the package importers, off by default) are named.
+         f"github_release_downloads_daily: set GITHUB_TOKEN; {OTHERS_LEFT_OUT}"),
+        # Only GitHub, GA4 and PostHog configured: Plausible (and the importers off by default) are named.
         ({"GITHUB_TOKEN": "t", **GA4_ENV, **POSTHOG_ENV},
-         f"site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; {PACKAGES_OFF}"),
-        # All with keys configured: only the package importers, turned on by MARKETING_ flags, are left out.
-        ({**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t", **GA4_ENV, **POSTHOG_ENV}, PACKAGES_OFF),
+         f"site_analytics_daily: set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID; {TRAFFIC_OFF}; {PACKAGES_OFF}"),
+        # All with keys configured: only the importers turned on by MARKETING_ flags are left out.
+        ({**PLAUSIBLE_ENV, "GITHUB_TOKEN": "t", **GA4_ENV, **POSTHOG_ENV}, f"{TRAFFIC_OFF}; {PACKAGES_OFF}"),
     ],
 )  # fmt: skip
 def test_the_rollups_metadata_names_every_source_the_definitions_leave_out(

@@ -103,6 +103,7 @@ UNCONFIGURED = {
     "POSTHOG_PROJECT_ID": "",
     "MARKETING_PYPI_DOWNLOADS_ENABLED": "",
     "MARKETING_NPM_DOWNLOADS_ENABLED": "",
+    "MARKETING_GITHUB_TRAFFIC_ENABLED": "",
 }
 
 
@@ -139,7 +140,8 @@ def test_status_names_the_measurement_sources_not_configured_and_what_turns_each
     assert lines[-1] == (
         "measurement sources not configured: site_analytics (set PLAUSIBLE_API_KEY and PLAUSIBLE_SITE_ID), "
         "github_releases (set GITHUB_TOKEN), ga4 (set GA4_PROPERTY_ID and GA4_SERVICE_ACCOUNT_JSON), posthog (set "
-        "POSTHOG_API_KEY and POSTHOG_PROJECT_ID), pypi_downloads (set MARKETING_PYPI_DOWNLOADS_ENABLED=true), "
+        "POSTHOG_API_KEY and POSTHOG_PROJECT_ID), github_traffic (set GITHUB_TOKEN and "
+        "MARKETING_GITHUB_TRAFFIC_ENABLED=true), pypi_downloads (set MARKETING_PYPI_DOWNLOADS_ENABLED=true), "
         "npm_downloads (set MARKETING_NPM_DOWNLOADS_ENABLED=true)"
     )
     printed = json.loads(
@@ -150,6 +152,7 @@ def test_status_names_the_measurement_sources_not_configured_and_what_turns_each
         "github_releases": {"configured": True, "set": []},
         "ga4": {"configured": False, "set": ["GA4_PROPERTY_ID", "GA4_SERVICE_ACCOUNT_JSON"]},
         "posthog": {"configured": False, "set": ["POSTHOG_API_KEY", "POSTHOG_PROJECT_ID"]},
+        "github_traffic": {"configured": False, "set": ["MARKETING_GITHUB_TRAFFIC_ENABLED=true"]},
         "pypi_downloads": {"configured": False, "set": ["MARKETING_PYPI_DOWNLOADS_ENABLED=true"]},
         "npm_downloads": {"configured": True, "set": []},
     }
@@ -161,6 +164,7 @@ def test_status_names_the_measurement_sources_not_configured_and_what_turns_each
         "POSTHOG_PROJECT_ID": "4242",
         "MARKETING_PYPI_DOWNLOADS_ENABLED": "true",
         "MARKETING_NPM_DOWNLOADS_ENABLED": "true",
+        "MARKETING_GITHUB_TRAFFIC_ENABLED": "true",
         "GA4_PROPERTY_ID": "123456789",
         "GA4_SERVICE_ACCOUNT_JSON": json.dumps(service_account_key()),
     }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +28,7 @@ from marketing_pipelines.settings import env_name, setting_field, shown_in_ui
 
 SERVICE = "github"
 TOKEN_ENV = env_name("github_token")
+API_URL_ENV = env_name("github_api_url")
 # GitHub's largest page for the releases list.
 PER_PAGE = 100
 _REPO_PATTERN = re.compile(r"[A-Za-z0-9-]+/[A-Za-z0-9._-]+")
@@ -127,11 +128,8 @@ class GitHubReleasesClient(dg.ConfigurableResource):
         With ``etag``, a first page GitHub answers 304 returns ``not_modified=True`` and no assets. A renamed or
         transferred repository (301 to ``/repositories/{id}/...``) is followed and reported in ``moved_to``.
         """
-        if not _REPO_PATTERN.fullmatch(repo) or repo.split("/")[1] in (".", ".."):
-            raise ValueError(f"repo must look like 'owner/name', got {repo!r}")
-        problem = api_root_problem(self.base_url)
-        if problem:
-            raise ServiceError(SERVICE, f"{env_name('github_api_url')} {problem}")
+        check_repo(repo)
+        check_api_root(self.base_url)
         assets: list[ReleaseAssetSnapshot] = []
         first_etag: str | None = None
         moved_to: str | None = None
@@ -142,7 +140,7 @@ class GitHubReleasesClient(dg.ConfigurableResource):
             )
             seen_urls: set[str] = set()
             while True:
-                response, moved = self._send(client, request, repo)
+                response, moved = send_following_redirects(client, request, repo, sleep=self._sleep)
                 if pages == 0:
                     moved_to = moved
                 if response.status_code == 304 and pages == 0:
@@ -171,39 +169,6 @@ class GitHubReleasesClient(dg.ConfigurableResource):
             not_modified=False, etag=first_etag if pages == 1 else None, assets=tuple(assets), moved_to=moved_to
         )
 
-    def _send(self, client: httpx.Client, request: httpx.Request, repo: str) -> tuple[httpx.Response, str | None]:
-        """The response to ``request`` after following GitHub's redirects, and where a permanent one led.
-
-        A redirect is repeated with the same headers (token, ETag) only to a URL under the configured API root.
-        """
-        moved_to: str | None = None
-        for _hop in range(MAX_REDIRECTS + 1):
-            response = send_with_retries(client, request, service=SERVICE, policy=GITHUB_HTTP_RETRY, sleep=self._sleep)
-            if response.status_code not in REDIRECTS:
-                return response, moved_to
-            location = response.headers.get("location")
-            if not location:
-                raise ServiceError(
-                    SERVICE, f"HTTP {response.status_code} for {repo} without a Location header", response.status_code
-                )
-            target = request.url.join(location)
-            if not _within_api(target, client.base_url):
-                raise ServiceError(
-                    SERVICE,
-                    f"{repo} redirects (HTTP {response.status_code}) off the configured API "
-                    f"{redact_url(str(client.base_url))}: {redact_url(str(target))}; not followed",
-                    response.status_code,
-                )
-            if response.status_code in PERMANENT_REDIRECTS:
-                moved_to = str(target)
-                dg.get_dagster_logger().warning(
-                    f"GitHub repository {repo} moved permanently to {target}; update the campaign's github_repo."
-                )
-            headers = {name: value for name, value in request.headers.items() if name.lower() != "host"}
-            request = client.build_request("GET", target, headers=headers)
-        last = redact_url(str(request.url))
-        raise ServiceError(SERVICE, f"{repo}: more than {MAX_REDIRECTS} redirects; last to {last}")
-
     def _client(self, gate: RequestGate | None = None) -> httpx.Client:
         # trust_env=False: HTTP(S)_PROXY / ALL_PROXY in the environment must not route the token elsewhere.
         return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False, event_hooks=hooks(gate))
@@ -212,12 +177,66 @@ class GitHubReleasesClient(dg.ConfigurableResource):
         time.sleep(seconds)
 
     def _headers(self, etag: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": self.api_version}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        if etag:
-            headers["If-None-Match"] = etag
-        return headers
+        return github_headers(self.token, self.api_version, etag)
+
+
+def check_repo(repo: str) -> None:
+    """A ValueError unless ``repo`` is ``owner/name`` as GitHub spells one: it is a path of every request."""
+    if not _REPO_PATTERN.fullmatch(repo) or repo.split("/")[1] in (".", ".."):
+        raise ValueError(f"repo must look like 'owner/name', got {repo!r}")
+
+
+def check_api_root(base_url: str) -> None:
+    """A ServiceError naming GITHUB_API_URL unless it is an API root the egress policy allows."""
+    problem = api_root_problem(base_url)
+    if problem:
+        raise ServiceError(SERVICE, f"{API_URL_ENV} {problem}")
+
+
+def github_headers(token: str | None, api_version: str, etag: str | None = None) -> dict[str, str]:
+    """The REST API's headers: its media type and version, the token as Bearer, and ``If-None-Match``."""
+    headers = {"Accept": "application/vnd.github+json", "X-GitHub-Api-Version": api_version}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    if etag:
+        headers["If-None-Match"] = etag
+    return headers
+
+
+def send_following_redirects(
+    client: httpx.Client, request: httpx.Request, repo: str, *, sleep: Callable[[float], None]
+) -> tuple[httpx.Response, str | None]:
+    """The response to ``request`` after following GitHub's redirects, and where a permanent one led.
+
+    A redirect is repeated with the same headers (token, ETag) only to a URL under the configured API root.
+    """
+    moved_to: str | None = None
+    for _hop in range(MAX_REDIRECTS + 1):
+        response = send_with_retries(client, request, service=SERVICE, policy=GITHUB_HTTP_RETRY, sleep=sleep)
+        if response.status_code not in REDIRECTS:
+            return response, moved_to
+        location = response.headers.get("location")
+        if not location:
+            raise ServiceError(
+                SERVICE, f"HTTP {response.status_code} for {repo} without a Location header", response.status_code
+            )
+        target = request.url.join(location)
+        if not _within_api(target, client.base_url):
+            raise ServiceError(
+                SERVICE,
+                f"{repo} redirects (HTTP {response.status_code}) off the configured API "
+                f"{redact_url(str(client.base_url))}: {redact_url(str(target))}; not followed",
+                response.status_code,
+            )
+        if response.status_code in PERMANENT_REDIRECTS:
+            moved_to = str(target)
+            dg.get_dagster_logger().warning(
+                f"GitHub repository {repo} moved permanently to {target}; update the campaign's github_repo."
+            )
+        headers = {name: value for name, value in request.headers.items() if name.lower() != "host"}
+        request = client.build_request("GET", target, headers=headers)
+    last = redact_url(str(request.url))
+    raise ServiceError(SERVICE, f"{repo}: more than {MAX_REDIRECTS} redirects; last to {last}")
 
 
 def derive_download_deltas(
