@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 from typing import ClassVar
 
 import dagster as dg
@@ -300,3 +301,16 @@ def test_within_retention_loads_and_executes_as_from_the_ui(db_url: str) -> None
     assert evaluation.asset_check_key == key
     # Nothing was ever imported: yesterday is within its half-day grace or already overdue, by the hour.
     assert evaluation.metadata["retention_days"].value == 1
+
+
+def test_the_docs_name_every_source_where_readers_look_for_it() -> None:
+    # OPERATIONS' table of the sources' contracts has a row per source, ANALYSTS' `source` column names each value.
+    from marketing_pipelines.measurement.sources import SOURCES
+
+    root = Path(__file__).resolve().parents[2] / "docs"
+    operations = (root / "OPERATIONS.md").read_text()
+    table = operations[operations.index("### The sources' contracts") :].split("\n\n")[1]
+    rows = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    assert sorted(row.split()[0].strip("`") for row in rows) == sorted(s.name for s in SOURCES)
+    [source_row] = [line for line in (root / "ANALYSTS.md").read_text().splitlines() if line.startswith("| `source` |")]
+    assert [s.name for s in SOURCES if f"`{s.name}`" not in source_row] == []
