@@ -230,9 +230,9 @@ class RetryResult:
 def retry_agent_run(conn: sa.Connection, run_id: int, attempts: int = DEFAULT_MAX_ATTEMPTS) -> RetryResult:
     """Queue a FAILED or CANCELLED agent run again, as its requester, with ``attempts`` more attempts.
 
-    The requester must still be active and hold a permission the agent uses on the campaign; the
-    grants are captured again, as at a request. Attempt numbers keep counting (they key the
-    transcript), so the budget is raised to attempts so far + ``attempts``. The row has no column
+    The requester must still be active and hold a permission the agent uses on the campaign, and the budgets
+    that apply must have room left today; the grants are captured again, as at a request. Attempt numbers keep
+    counting (they key the transcript), so the budget is raised to attempts so far + ``attempts``. The row has no column
     for the budget it was requested with; ``attempts`` defaults to the one a request gets.
     A REFUSED request never ran and is not retried: a new request is the way.
     """
@@ -253,9 +253,14 @@ def retry_agent_run(conn: sa.Connection, run_id: int, attempts: int = DEFAULT_MA
     grants, refusal = requester_refusal(
         conn, require_user(conn, row["requested_by"]), row["campaign_id"], get_agent(row["agent"])
     )
+    now = datetime.now(UTC)
+    if refusal is None:
+        # As at a request: a budget already used up today refuses the retry now, not at its first model call.
+        refusal = admission_refusal(
+            conn, campaign_id=row["campaign_id"], requested_by=row["requested_by"], day=now.date()
+        )
     if refusal is not None:
         raise InvalidInput(f"agent run {run_id} not retried: {refusal}")
-    now = datetime.now(UTC)
     t = agent_run
     moved = conn.execute(
         sa.update(t)

@@ -23,11 +23,12 @@ from marketing_pipelines.agents.budgets import (
     set_budget,
     settle,
 )
-from marketing_pipelines.agents.queue import AgentRunRefused, get_agent_run, request_agent_run
+from marketing_pipelines.agents.queue import AgentRunRefused, get_agent_run, request_agent_run, retry_agent_run
 from marketing_pipelines.agents.runner import AgentStopped
 from marketing_pipelines.cli import budgets as budgets_cli
 from marketing_pipelines.db.engine import get_engine
-from marketing_pipelines.db.schema import spend_budget
+from marketing_pipelines.db.schema import agent_run, spend_budget
+from marketing_pipelines.errors import InvalidInput
 from marketing_pipelines_tests.cli_runner import cli_for
 from marketing_pipelines_tests.factories import add_campaign, settings_from
 
@@ -196,6 +197,25 @@ def test_a_run_requested_when_a_budget_is_used_up_is_refused_and_recorded(people
     _budget(people, "requester", "ben", usd=0)
     assert "requester ben's daily budget of $0.00" in _refused_request(people, "ben").reason
     assert _request(people, "ana") > 0
+
+
+def test_a_retry_when_a_budget_is_used_up_is_refused_and_the_run_left_as_it_was(people: sa.Engine) -> None:
+    today = utc_today()
+    _budget(people, "campaign", CAMPAIGN, usd=2 * CENT)
+    run_id = _request(people, "ana")
+    with people.begin() as conn:
+        conn.execute(sa.update(agent_run).where(agent_run.c.id == run_id).values(status="FAILED", attempts=1))
+    assert _reserve(people, "ana", day=today) is None  # the day's budget is now used up
+    with people.begin() as conn, pytest.raises(InvalidInput) as refused:
+        retry_agent_run(conn, run_id)
+    assert str(refused.value).startswith(f"agent run {run_id} not retried: campaign {CAMPAIGN}'s daily budget")
+    assert "is used up" in str(refused.value) and "\n" not in str(refused.value)
+    with people.connect() as conn:
+        assert get_agent_run(conn, run_id)["status"] == "FAILED"  # type: ignore[index]
+    # With room again, the same retry queues it.
+    _budget(people, "campaign", CAMPAIGN, usd=10 * CENT)
+    with people.begin() as conn:
+        assert retry_agent_run(conn, run_id).previous_status == "FAILED"
 
 
 def test_budget_exhausted_ends_a_run_as_stopped() -> None:
