@@ -362,6 +362,43 @@ def test_a_hostile_price_table_is_refused_in_one_line(value: str, problem: str) 
     assert message.startswith("MARKETING_MODEL_PRICES=") and problem in message, message
 
 
+# Dagster's Float config turns a boolean into 1.0 or 0.0 before the resource sees it: that case is the
+# environment's only (test_a_hostile_price_table_is_refused_in_one_line).
+@pytest.mark.parametrize(
+    ("value", "problem"), [(v, p) for v, p in HOSTILE if v.startswith('{"x": {"') and "true" not in v]
+)
+def test_a_hostile_price_table_given_as_run_config_fails_the_resource_at_launch(value: str, problem: str) -> None:
+    # The launchpad's resource config bypasses Settings: the resource checks it the same way, at its init.
+    import json
+
+    import dagster as dg
+
+    from marketing_pipelines.agents.resources import AgentSettings
+
+    prices = json.loads(value, parse_constant=float)
+    with (
+        pytest.raises(Exception) as raised,
+        dg.build_resources(
+            {"agent_settings": AgentSettings.configure_at_launch()},
+            resource_config={"agent_settings": {"config": {"model_prices": prices}}},
+        ),
+    ):
+        pass
+    # Dagster's own config check refuses a value of another type (text) before the resource is built; the
+    # resource's names the model and what is wrong (a NaN or infinity that YAML gives as a float is out of range).
+    said = f"{raised.value} {raised.value.__cause__}"
+    if not isinstance(raised.value, dg.DagsterInvalidConfigError):
+        assert "model 'x'" in said and (problem in said or "must be" in said), said
+
+
+def test_run_config_prices_keep_the_defaults_under_what_they_give() -> None:
+    from marketing_pipelines.agents.resources import AgentSettings
+
+    prices = AgentSettings(model_prices={"gpt-4o": {"input": 2, "output": 8}}).model_prices
+    assert price_of("openai", "gpt-4o", prices) == Price("gpt-4o", 2_000_000, 8_000_000, 2_000_000, 2_000_000)
+    assert price_of("anthropic", SONNET, prices) == price_of("anthropic", SONNET, PRICES)
+
+
 def test_a_price_setting_adds_models_and_replaces_defaults() -> None:
     prices = load_settings(
         model_prices='{"claude-haiku-5-5": {"input": 0.5, "output": 2.5, "cache_read": 0.05, "cache_write": 0.625}, '
