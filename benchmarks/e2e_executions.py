@@ -55,15 +55,8 @@ from typing import Any
 
 import dagster as dg
 import sqlalchemy as sa
-from _common import ReceiverServer, insert_due, print_table, throwaway_database
-from _daemon import (
-    INSTANCE_CONFIG,
-    Daemon,
-    daemon_env,
-    dagster_storage_database,
-    environ,
-    log_findings,
-)
+from _common import ReceiverServer, insert_due, print_table
+from _daemon import Daemon, deployment, log_findings
 
 from marketing_pipelines.db.campaigns import Campaign, upsert_campaign
 from marketing_pipelines.db.engine import get_engine
@@ -162,21 +155,15 @@ class Session:
 @contextlib.contextmanager
 def daemon_session(label: str, overrides: Mapping[str, str], log_dir: Path) -> Iterator[Session]:
     """Fresh application and Dagster databases, a DAGSTER_HOME, a running daemon that has ticked once."""
-    with (
-        throwaway_database("postgres") as app_url,
-        dagster_storage_database() as pg,
-        environ(pg),
-        tempfile.TemporaryDirectory(prefix="mp-bench-home-") as home_dir,
-    ):
-        home = Path(home_dir)
-        shutil.copy(INSTANCE_CONFIG, home / "dagster.yaml")
-        engine = get_engine(app_url)
+    with deployment() as deployed:
+        home = deployed.home
+        engine = get_engine(deployed.app_url)
         with engine.begin() as conn:
             upsert_campaign(conn, Campaign(id=CAMPAIGN, name="Bench", owner="bench"))
         # Opening the instance once creates Dagster's tables before the daemon starts.
         with dg.DagsterInstance.from_config(str(home)) as instance:
             began = time.monotonic()
-            daemon = Daemon.start(daemon_env(app_url, home, pg, overrides), log_dir / f"daemon-{label}.log")
+            daemon = Daemon.start(deployed.env(overrides), log_dir / f"daemon-{label}.log")
             try:
                 _wait_first_tick(instance, daemon)
                 yield Session(engine, instance, daemon, time.monotonic() - began)
