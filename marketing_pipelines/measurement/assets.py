@@ -32,7 +32,13 @@ from marketing_pipelines.measurement.checks import (
     rollup_check_specs,
 )
 from marketing_pipelines.measurement.events.write import IngestionReading, ingestion_reading
-from marketing_pipelines.measurement.importers.base import Importer, MetricImporter, MetricRow, QuotaExhausted
+from marketing_pipelines.measurement.importers.base import (
+    MAX_COUNT,
+    Importer,
+    MetricImporter,
+    MetricRow,
+    QuotaExhausted,
+)
 from marketing_pipelines.measurement.importers.github import GitHubReleasesClient
 from marketing_pipelines.measurement.importers.plausible import PlausibleClient
 from marketing_pipelines.measurement.importers.store import (
@@ -382,8 +388,9 @@ def release_downloads(
         return dg.MaterializeResult(check_results=[check_no_unflagged_negative_delta(conn, days)])
 
 
-# A count no source reports for one key, day and dimension; larger is a corrupt or hostile answer.
-MAX_METRIC_VALUE = 10**12
+# A count no source reports for one key, day and dimension (importers/base.MAX_COUNT); larger is a corrupt or
+# hostile answer.
+MAX_METRIC_VALUE = MAX_COUNT
 
 
 def checked_metric_rows(

@@ -32,6 +32,24 @@ class QuotaExhausted(RateLimited):
     """
 
 
+# A count no source reaches for one key, day and metric; larger is a corrupt or hostile answer. The importers refuse
+# an answer past it, and the asset checks every importer's rows against it again (assets.checked_metric_rows).
+MAX_COUNT = 10**12
+
+
+def is_count(value: Any) -> bool:
+    """A whole count from 0 to MAX_COUNT: JSON true is a Python int, and a float (1.5, 1e300, NaN) is no count."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def every_day(first: dt.date, last: dt.date) -> dict[dt.date, list[Any]]:
+    """Each day ``first`` to ``last`` with no rows yet, as an importer answers every day of its range; a ValueError
+    when the range ends before it starts."""
+    if last < first:
+        raise ValueError(f"range ends ({last}) before it starts ({first})")
+    return {first + dt.timedelta(days=n): [] for n in range((last - first).days + 1)}
+
+
 def hooks(gate: RequestGate | None) -> dict[str, list[Callable[..., Any]]]:
     """The ``event_hooks`` of an importer's httpx client: the quota gate on every request, when there is one."""
     return {"request": [gate]} if gate is not None else {}

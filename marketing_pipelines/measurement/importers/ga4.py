@@ -31,6 +31,7 @@ from marketing_pipelines.measurement.importers.base import (
     ImporterNotConfigured,
     MetricRow,
     RequestGate,
+    every_day,
     hooks,
     response_json,
 )
@@ -122,17 +123,13 @@ class GA4Client(dg.ConfigurableResource):
         quota, measurement/quota.py). The token endpoint is not the Data API and is not counted against it."""
         if not self.is_configured():
             raise ImporterNotConfigured(f"{SERVICE}: {self.not_configured_reason()}")
-        if last < first:
-            raise ValueError(f"range ends ({last}) before it starts ({first})")
+        by_day: dict[dt.date, list[MetricRow]] = every_day(first, last)
         property_number = self._property_number()
         problem = api_root_problem(self.api_url)
         if problem:
             raise ServiceError(SERVICE, f"{API_URL_ENV} {problem}")
         key = self._key()
         token_url = self._token_url(key)
-        by_day: dict[dt.date, list[MetricRow]] = {
-            first + dt.timedelta(days=n): [] for n in range((last - first).days + 1)
-        }
         if not keys:
             return by_day
         seen: set[tuple[dt.date, str]] = set()

@@ -23,11 +23,14 @@ from pydantic import Field
 
 from marketing_pipelines.http import ServiceError, describe_error_response
 from marketing_pipelines.measurement.importers.base import (
+    MAX_COUNT,
     ImporterNotConfigured,
     MetricRow,
     RequestGate,
     error_field,
+    every_day,
     hooks,
+    is_count,
     response_json,
 )
 from marketing_pipelines.measurement.importers.github import (
@@ -49,8 +52,6 @@ METRICS = {"views": ("views", "view_uniques"), "clones": ("clones", "clone_uniqu
 # window; one day past today is allowed for our clock trailing GitHub's at midnight.
 WINDOW_DAYS = 14
 CLOCK_SKEW_DAYS = 1
-# A count no repository reaches in one day; larger is a corrupt answer.
-MAX_COUNT = 10**12
 PERMISSION = (
     f"{TOKEN_ENV} needs push access to the repository (a classic token with the repo scope, or a fine-grained "
     f'token with the repository permission "Administration: read"), or unset {ENABLED_ENV}'
@@ -88,10 +89,8 @@ class GitHubTrafficClient(dg.ConfigurableResource):
         if not self.is_configured():
             raise ImporterNotConfigured(f"{SERVICE}: {self.not_configured_reason()}")
         check_api_root(self.base_url)
-        if last < first:
-            raise ValueError(f"range ends ({last}) before it starts ({first})")
-        days = [first + dt.timedelta(days=n) for n in range((last - first).days + 1)]
-        by_day: dict[dt.date, list[MetricRow]] = {day: [] for day in days}
+        by_day: dict[dt.date, list[MetricRow]] = every_day(first, last)
+        days = list(by_day)
         today = self._today()
         oldest = today - dt.timedelta(days=self.contract.lookback_days or 0)
         if first < oldest:
@@ -166,7 +165,7 @@ def parse_traffic(payload: Any, kind: str, repo: str, today: dt.date) -> dict[dt
     if not isinstance(payload, dict):
         raise refuse(f"expected a JSON object, got {type(payload).__name__}")
     for total in ("count", "uniques"):
-        if total in payload and not _is_count(payload[total]):
+        if total in payload and not is_count(payload[total]):
             raise refuse(f"{total} is not a count from 0 to {MAX_COUNT}: {str(payload[total])[:40]!r}")
     entries = payload.get(kind)
     if not isinstance(entries, list):
@@ -183,7 +182,7 @@ def parse_traffic(payload: Any, kind: str, repo: str, today: dt.date) -> dict[dt
             raise refuse(f"{day} is outside the {WINDOW_DAYS} days up to {today}")
         count, uniques = entry["count"], entry["uniques"]
         for label, value in (("count", count), ("uniques", uniques)):
-            if not _is_count(value):
+            if not is_count(value):
                 raise refuse(f"{day}: {label} is not a count from 0 to {MAX_COUNT}: {str(value)[:40]!r}")
         if uniques > count:
             raise refuse(f"{day}: {uniques} uniques of {count}")
@@ -204,8 +203,3 @@ def _utc_midnight(value: Any) -> dt.date | None:
     if at.utcoffset() != dt.timedelta(0) or at.time() != dt.time(0):
         return None
     return at.date()
-
-
-def _is_count(value: Any) -> bool:
-    # JSON true is a Python int, and a float (1.5, 1e300, NaN) is no count.
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT

@@ -26,10 +26,12 @@ from pydantic import Field
 from marketing_pipelines.egress import api_root_problem
 from marketing_pipelines.http import HttpRetry, ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.measurement.importers.base import (
+    MAX_COUNT,
     ImporterNotConfigured,
     MetricRow,
     RequestGate,
     error_field,
+    every_day,
     hooks,
     response_json,
 )
@@ -38,7 +40,7 @@ from marketing_pipelines.settings import env_name, setting_field, shown_in_ui
 
 DOWNLOADS = "downloads"
 # A package's downloads in one day; the most downloaded npm packages see about 10**8. Larger is a corrupt answer.
-MAX_DAILY_DOWNLOADS = 10**12
+MAX_DAILY_DOWNLOADS = MAX_COUNT
 # Problems quoted in one ServiceError line, at most.
 SHOWN_PROBLEMS = 3
 # Neither service sends Retry-After on its 429 as documented: a minute is the least wait, past what a step sleeps
@@ -69,12 +71,6 @@ def _count_problem(value: Any) -> str | None:
 def _refuse(service: str, what: str, problems: Sequence[str]) -> ServiceError:
     more = f" (and {len(problems) - SHOWN_PROBLEMS} more)" if len(problems) > SHOWN_PROBLEMS else ""
     return ServiceError(service, f"unexpected answer for {what}: {'; '.join(problems[:SHOWN_PROBLEMS])}{more}")
-
-
-def _days(first: dt.date, last: dt.date) -> dict[dt.date, list[MetricRow]]:
-    if last < first:
-        raise ValueError(f"range ends ({last}) before it starts ({first})")
-    return {first + dt.timedelta(days=n): [] for n in range((last - first).days + 1)}
 
 
 def _unknown(service: str, package: str, column: str, said: str) -> None:
@@ -112,7 +108,7 @@ class KeylessDownloadsClient(dg.ConfigurableResource):
         problem = api_root_problem(self.base_url)
         if problem:
             raise ServiceError(self.service, f"{self.base_url_env} {problem}")
-        return _days(first, last)
+        return every_day(first, last)
 
     def _client(self, gate: RequestGate | None = None) -> httpx.Client:
         # trust_env=False: HTTP(S)_PROXY in the environment must not reroute the importer.

@@ -24,6 +24,7 @@ from marketing_pipelines.measurement.importers.base import (
     QuotaExhausted,
     RequestGate,
     error_field,
+    every_day,
     hooks,
     response_json,
 )
@@ -95,11 +96,7 @@ class PlausibleClient(dg.ConfigurableResource):
         problem = api_root_problem(self.base_url)
         if problem:
             raise ServiceError(SERVICE, f"{env_name('plausible_base_url')} {problem}")
-        if last < first:
-            raise ValueError(f"range ends ({last}) before it starts ({first})")
-        by_day: dict[dt.date, list[SiteAnalyticsRow]] = {
-            first + dt.timedelta(days=n): [] for n in range((last - first).days + 1)
-        }
+        by_day: dict[dt.date, list[SiteAnalyticsRow]] = every_day(first, last)
         offset = 0
         with self._client(gate) as client:
             while True:

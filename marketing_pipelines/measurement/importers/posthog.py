@@ -20,12 +20,15 @@ from pydantic import Field
 from marketing_pipelines.egress import api_root_problem
 from marketing_pipelines.http import HttpRetry, RateLimited, ServiceError, describe_error_response, send_with_retries
 from marketing_pipelines.measurement.importers.base import (
+    MAX_COUNT,
     ImporterNotConfigured,
     MetricRow,
     QuotaExhausted,
     RequestGate,
     error_field,
+    every_day,
     hooks,
+    is_count,
     response_json,
 )
 from marketing_pipelines.measurement.sources import POSTHOG, SourceContract
@@ -58,8 +61,6 @@ HOGQL = (
 )
 # Shown in PostHog's query_log table, so an admin there can tell these queries from the team's own.
 QUERY_NAME = "marketing-pipelines posthog_daily"
-# A count no project reaches for one campaign and day; larger is a corrupt answer.
-MAX_COUNT = 10**12
 # PostHog answers 429 with Retry-After (its API throttles); a wait up to 30 s is slept in the step, a longer one
 # raises RateLimited and the asset hands the step back to Dagster. Without a hint, at least a minute: the quota
 # is counted per hour.
@@ -102,11 +103,7 @@ class PostHogClient(dg.ConfigurableResource):
         project = str(self.project_id).strip()
         if not (project.isascii() and project.isdigit()):
             raise ServiceError(SERVICE, f"{PROJECT_ID_ENV} must be the project's number (digits only)")
-        if last < first:
-            raise ValueError(f"range ends ({last}) before it starts ({first})")
-        by_day: dict[dt.date, list[MetricRow]] = {
-            first + dt.timedelta(days=n): [] for n in range((last - first).days + 1)
-        }
+        by_day: dict[dt.date, list[MetricRow]] = every_day(first, last)
         if not keys:
             return by_day
         seen: set[tuple[dt.date, str]] = set()
@@ -226,13 +223,8 @@ def parse_row(row: list[Any], first: dt.date, last: dt.date) -> tuple[dt.date, s
     if not isinstance(campaign, str):
         raise ServiceError(SERVICE, f"{day}: a row's campaign is not text: {str(campaign)[:40]!r}")
     for label, value in (("events", events), ("persons", persons)):
-        if not _is_count(value):
+        if not is_count(value):
             raise ServiceError(SERVICE, f"{day}: {label} is not a count from 0 to {MAX_COUNT}: {str(value)[:40]!r}")
     if persons > events:
         raise ServiceError(SERVICE, f"{day}: {persons} persons in {events} events")
     return day, campaign, events, persons
-
-
-def _is_count(value: Any) -> bool:
-    # JSON true is a Python int, and a float (1.5, 1e300, NaN) is no count.
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
