@@ -99,18 +99,30 @@ class DownloadDelta:
     negative_clamped: bool
 
 
-@shown_in_ui
-class GitHubReleasesClient(dg.ConfigurableResource):
-    """Lists release assets through the GitHub REST API (``GET /repos/{owner}/{repo}/releases``)."""
-
-    name: ClassVar[str] = "github_releases"
-    contract: ClassVar[SourceContract] = GITHUB_RELEASES.contract
+class GitHubRestClient(dg.ConfigurableResource):
+    """What the GitHub importers share: the token, the API root, the timeout and API version, and the httpx client
+    that ignores proxy variables."""
 
     token: str | None = setting_field("github_token")
     # Shown by name when set, as before it was a setting: an Enterprise API root may carry credentials.
     base_url: str = setting_field("github_api_url")
     timeout_s: float = Field(default=30.0, gt=0, description="Timeout of each HTTP call, in seconds.")
     api_version: str = Field(default="2022-11-28", description="Sent as X-GitHub-Api-Version.")
+
+    def _client(self, gate: RequestGate | None = None) -> httpx.Client:
+        # trust_env=False: HTTP(S)_PROXY / ALL_PROXY in the environment must not route the token elsewhere.
+        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False, event_hooks=hooks(gate))
+
+    def _sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@shown_in_ui
+class GitHubReleasesClient(GitHubRestClient):
+    """Lists release assets through the GitHub REST API (``GET /repos/{owner}/{repo}/releases``)."""
+
+    name: ClassVar[str] = "github_releases"
+    contract: ClassVar[SourceContract] = GITHUB_RELEASES.contract
 
     def is_configured(self) -> bool:
         # Unauthenticated calls get 60 requests an hour per IP, too few to run unattended.
@@ -168,13 +180,6 @@ class GitHubReleasesClient(dg.ConfigurableResource):
         return ReleaseAssetsResult(
             not_modified=False, etag=first_etag if pages == 1 else None, assets=tuple(assets), moved_to=moved_to
         )
-
-    def _client(self, gate: RequestGate | None = None) -> httpx.Client:
-        # trust_env=False: HTTP(S)_PROXY / ALL_PROXY in the environment must not route the token elsewhere.
-        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False, event_hooks=hooks(gate))
-
-    def _sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
     def _headers(self, etag: str | None) -> dict[str, str]:
         return github_headers(self.token, self.api_version, etag)

@@ -13,13 +13,11 @@ are totals of the whole 14 days with no day's number, so they cannot be a day's 
 from __future__ import annotations
 
 import datetime as dt
-import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import dagster as dg
 import httpx
-from pydantic import Field
 
 from marketing_pipelines.http import ServiceError, describe_error_response
 from marketing_pipelines.measurement.importers.base import (
@@ -29,13 +27,13 @@ from marketing_pipelines.measurement.importers.base import (
     RequestGate,
     error_field,
     every_day,
-    hooks,
     is_count,
     response_json,
 )
 from marketing_pipelines.measurement.importers.github import (
     SERVICE,
     TOKEN_ENV,
+    GitHubRestClient,
     check_api_root,
     check_repo,
     github_headers,
@@ -59,19 +57,14 @@ PERMISSION = (
 
 
 @shown_in_ui
-class GitHubTrafficClient(dg.ConfigurableResource):
+class GitHubTrafficClient(GitHubRestClient):
     """Reads views and clones per day through the GitHub REST API (``GET /repos/{owner}/{repo}/traffic/views``
     and ``/traffic/clones``, ``per=day``); two requests per repository, whatever the run's range."""
 
     name: ClassVar[str] = "github_traffic"
     contract: ClassVar[SourceContract] = GITHUB_TRAFFIC.contract
 
-    token: str | None = setting_field("github_token")
     enabled: bool = setting_field("github_traffic_enabled")
-    # Shown by name when set, as every API root: an Enterprise API root may carry credentials.
-    base_url: str = setting_field("github_api_url")
-    timeout_s: float = Field(default=30.0, gt=0, description="Timeout of each HTTP call, in seconds.")
-    api_version: str = Field(default="2022-11-28", description="Sent as X-GitHub-Api-Version.")
 
     def is_configured(self) -> bool:
         return bool(self.token) and self.enabled
@@ -143,13 +136,6 @@ class GitHubTrafficClient(dg.ConfigurableResource):
         if not response.is_success:
             raise describe_error_response(SERVICE, response, credential_hint=TOKEN_ENV)
         return parse_traffic(response_json(SERVICE, response), kind, repo, today)
-
-    def _client(self, gate: RequestGate | None = None) -> httpx.Client:
-        # trust_env=False: HTTP(S)_PROXY / ALL_PROXY in the environment must not route the token elsewhere.
-        return httpx.Client(base_url=self.base_url, timeout=self.timeout_s, trust_env=False, event_hooks=hooks(gate))
-
-    def _sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
     def _today(self) -> dt.date:
         return dt.datetime.now(dt.UTC).date()
